@@ -1,0 +1,52 @@
+"""``python -m agent``: started by the LRM executor, once per allocated node.
+
+The daemon address and the node's description come through the environment (never credentials on
+the command line, which every user of the node can read in ``ps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import anyio
+
+from agent.agent import Agent
+from agent.probe import cpu_map_from_spec, probe, spec_from_env
+from pilot.logs import configure
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m agent", description="pilot agent (one per node)")
+    parser.add_argument("--daemon", default=os.environ.get("PILOT_AGENT_URL"), help="daemon's agent address")
+    parser.add_argument("--node", default=os.environ.get("PILOT_AGENT_NODE"), help="node name (default: hostname)")
+    parser.add_argument("--workdir", default=os.environ.get("PILOT_AGENT_DIR"), help="scratch directory")
+    parser.add_argument("--heartbeat", type=float, default=float(os.environ.get("PILOT_AGENT_HEARTBEAT", "1.0")))
+    parser.add_argument(
+        "--orphan-timeout", type=float, default=float(os.environ.get("PILOT_AGENT_ORPHAN_TIMEOUT", "600"))
+    )
+    parser.add_argument("--log-level", default=os.environ.get("PILOT_AGENT_LOG_LEVEL", "info"))
+    args = parser.parse_args(argv)
+    if not args.daemon:
+        parser.error("no daemon address: pass --daemon or set PILOT_AGENT_URL")
+    configure(level=args.log_level)
+    node_name = args.node or os.environ.get("SLURMD_NODENAME")
+    spec = spec_from_env()
+    node = probe(name=node_name, spec=spec)
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix=f"pilot-agent-{node.name}-"))
+    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    agent = Agent(
+        daemon_url=args.daemon,
+        node=node,
+        workdir=workdir,
+        heartbeat_interval=args.heartbeat,
+        orphan_timeout=args.orphan_timeout,
+        cpu_map=cpu_map_from_spec(spec),
+    )
+    try:
+        anyio.run(agent.run)
+    except KeyboardInterrupt:
+        sys.exit(130)

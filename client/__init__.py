@@ -1,0 +1,28 @@
+"""The PSI/J interface to the pilot, with psij-python's names: ``import client as psij``."""
+
+from __future__ import annotations
+
+from client.exceptions import InvalidJobException, InvalidStateException, SubmitException
+from client.job import Job, JobStatusCallback
+from client.job_attributes import JobAttributes
+from client.job_executor import JobExecutor, JobExecutorConfig
+from client.job_spec import JobSpec
+from client.job_status import JobStatus
+from client.resource_spec import ResourceSpec, ResourceSpecV1
+from pilot.model.job_state import JobState
+
+__all__ = [
+    "InvalidJobException",
+    "InvalidStateException",
+    "Job",
+    "JobAttributes",
+    "JobExecutor",
+    "JobExecutorConfig",
+    "JobSpec",
+    "JobState",
+    "JobStatus",
+    "JobStatusCallback",
+    "ResourceSpec",
+    "ResourceSpecV1",
+    "SubmitException",
+]

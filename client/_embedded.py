@@ -1,0 +1,134 @@
+"""Finding the pilot: an explicit url, the running daemon in the run directory, or an embedded one.
+
+An embedded pilot is a daemon process this client starts in a private run directory and stops at
+close or exit. It watches its parent and exits if the client dies without stopping it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from client.exceptions import SubmitException
+from pilot.rundir import RunDir, root
+
+
+class EmbeddedPilot:
+    def __init__(self, *, config: str | None) -> None:
+        self.rundir = RunDir((root() / f"embedded-{os.getpid()}").resolve())
+        self.config = config
+        self.process: subprocess.Popen[bytes] | None = None
+        self.client_url = ""
+
+    def start(self, *, timeout: float = 60.0) -> str:
+        cmd = [
+            sys.executable,
+            "-m",
+            "pilot",
+            "up",
+            "--foreground",
+            "--embedded",
+            "--rundir",
+            str(self.rundir.path),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
+        if self.config:
+            cmd += ["--config", self.config]
+        self.rundir.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        log = open(self.rundir.path / "embedded.log", "ab")
+        try:
+            self.process = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.rundir.read_info()
+            if info is not None and info.get("pid") == self.process.pid:
+                self.client_url = str(info["client_url"])
+                return self.client_url
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.01)
+        tail = _tail(self.rundir.path / "embedded.log")
+        self.stop()
+        raise SubmitException(f"the embedded pilot did not start: {tail}", transient=False)
+
+    def stop(self, *, timeout: float = 15.0) -> None:
+        proc, self.process = self.process, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+_lock = threading.Lock()
+_embedded: EmbeddedPilot | None = None
+_users = 0
+
+
+def resolve(url: str | None) -> tuple[str, bool]:
+    """The daemon's client address and whether it is this process's embedded pilot."""
+    global _embedded, _users
+    if url:
+        if url.startswith(("ipc://", "tcp://")):
+            return url, False
+        info = RunDir(Path(url).expanduser()).read_info()
+        if info is None:
+            raise SubmitException(f"no pilot is running in {url}", transient=True)
+        return str(info["client_url"]), False
+    name = os.environ.get("PILOT_NAME", "default")
+    info = RunDir.named(name).read_info()
+    if info is not None:
+        return str(info["client_url"]), False
+    with _lock:
+        if _embedded is None or _embedded.process is None or _embedded.process.poll() is not None:
+            _embedded = EmbeddedPilot(config=os.environ.get("PILOT_CONFIG"))
+            _embedded.start()
+            if _users == 0:
+                atexit.register(_stop_at_exit)
+        _users += 1
+        return _embedded.client_url, True
+
+
+def release() -> None:
+    """One user of the embedded pilot is done; the last one stops it."""
+    global _users
+    with _lock:
+        _users -= 1
+        if _users <= 0 and _embedded is not None:
+            _users = 0
+            _stop_embedded()
+
+
+def _stop_embedded() -> None:
+    from client._connection import Connection
+
+    if _embedded is None or _embedded.process is None:
+        return
+    Connection.close_url(_embedded.client_url, shutdown=True)
+    _embedded.stop()
+
+
+def _stop_at_exit() -> None:
+    with _lock:
+        _stop_embedded()

@@ -1,0 +1,110 @@
+"""Job: a JobSpec plus the status the pilot reports, with PSI/J's ordering and waiting rules."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from client.job_spec import JobSpec
+from client.job_status import JobStatus
+from pilot.model.job_state import JobState, states_between
+
+if TYPE_CHECKING:
+    from client.job_executor import JobExecutor
+
+JobStatusCallback = Callable[["Job", JobStatus], None]
+
+
+class Job:
+    def __init__(self, spec: JobSpec | None = None) -> None:
+        self.spec = spec
+        self._id = str(uuid.uuid4())
+        self._native_id: str | None = None
+        self._status = JobStatus(JobState.NEW)
+        self._cv = threading.Condition()
+        self._callback: JobStatusCallback | None = None
+        self.executor: JobExecutor | None = None
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def native_id(self) -> str | None:
+        return self._native_id
+
+    @property
+    def status(self) -> JobStatus:
+        return self._status
+
+    def set_job_status_callback(self, cb: JobStatusCallback | Any | None) -> None:
+        """A callable ``(job, status)`` or an object with ``job_status_changed(job, status)``."""
+        if cb is not None and not callable(cb):
+            cb = cb.job_status_changed
+        self._callback = cb
+
+    set_status_callback = set_job_status_callback
+
+    def cancel(self) -> None:
+        from client.exceptions import SubmitException
+
+        if self._status.final:
+            return
+        if self.executor is None:
+            raise SubmitException("the job was never submitted")
+        self.executor.cancel(self)
+
+    def wait(
+        self,
+        timeout: timedelta | float | None = None,
+        target_states: JobState | Sequence[JobState] | None = None,
+    ) -> JobStatus | None:
+        """Until a target state (or any later one) or a final state; None on timeout."""
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds()
+        if target_states is None:
+            targets: list[JobState] = []
+        elif isinstance(target_states, JobState):
+            targets = [target_states]
+        else:
+            targets = list(target_states)
+
+        def reached() -> bool:
+            s = self._status.state
+            return s.final or any(s is t or s.is_greater_than(t) for t in targets)
+
+        with self._cv:
+            if not self._cv.wait_for(reached, timeout):
+                return None
+            return self._status
+
+    def _update(self, status: JobStatus) -> list[JobStatus]:
+        """Apply a status; returns the statuses entered, skipped ones synthesised. Never goes back."""
+        with self._cv:
+            current = self._status.state
+            new = status.state
+            if current.final or not new.is_greater_than(current):
+                return []
+            entered = [JobStatus(s, time=status.time) for s in states_between(current, new)]
+            entered.append(status)
+            self._status = status
+            self._cv.notify_all()
+        return entered
+
+    def _fire(self, entered: list[JobStatus]) -> None:
+        cb = self._callback
+        executor = self.executor
+        for status in entered:
+            if cb is not None:
+                cb(self, status)
+            if executor is not None:
+                executor._notify_callback(self, status)
+
+    def _set_status(self, status: JobStatus) -> None:
+        self._fire(self._update(status))
+
+    def __repr__(self) -> str:
+        return f"Job[id={self._id}, native_id={self._native_id}, {self._status}]"

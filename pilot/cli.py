@@ -1,0 +1,297 @@
+"""``pilot``: up, status, down, run. The only module that prints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pilot import config as config_mod
+from pilot.rundir import RunDir
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="pilot", description="pilot-job execution manager")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def where(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--name", default=os.environ.get("PILOT_NAME", "default"), help="pilot name (run dir under $PILOT_HOME)"
+        )
+        p.add_argument("--rundir", type=Path, help="explicit run directory")
+
+    up = sub.add_parser("up", help="start the daemon and acquire its allocation")
+    where(up)
+    up.add_argument("--config", type=Path, help="TOML config (default: configs/local.toml)")
+    up.add_argument("--foreground", action="store_true", help="stay attached; log to stderr")
+    up.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
+    up.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+
+    st = sub.add_parser("status", help="the pilot, its allocation, nodes and jobs")
+    where(st)
+    st.add_argument("--json", action="store_true")
+
+    down = sub.add_parser("down", help="stop the daemon: running jobs end CANCELED, agents exit")
+    where(down)
+
+    run = sub.add_parser("run", help="the main job: N short tasks through the PSI/J client")
+    run.add_argument("-n", "--tasks", type=int, default=1000)
+    run.add_argument("--url", help="pilot address or run dir (default: running pilot, else embedded)")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="command per task (default: /bin/true)")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            _up(args)
+        elif args.command == "status":
+            _status(args)
+        elif args.command == "down":
+            _down(args)
+        elif args.command == "run":
+            _run(args)
+    except config_mod.ConfigError as exc:
+        print(f"pilot: config error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _rundir(args: argparse.Namespace) -> RunDir:
+    return RunDir(args.rundir.resolve()) if args.rundir else RunDir.named(args.name)
+
+
+# -- up -----------------------------------------------------------------------------------------------
+
+
+def _up(args: argparse.Namespace) -> None:
+    cfg = config_mod.load(args.config.resolve() if args.config else None)
+    rundir = _rundir(args) if (args.rundir or args.name != "default") else RunDir.named(cfg.pilot.name)
+    if args.foreground:
+        _serve(cfg, rundir, embedded=args.embedded, parent_pid=args.parent_pid)
+        return
+    info = rundir.read_info()
+    if info is not None:
+        print(f"pilot: already running in {rundir.path} (pid {info['pid']})", file=sys.stderr)
+        sys.exit(1)
+    from pilot import lrm
+
+    lrm.create(cfg.allocation.lrm, options=cfg.allocation.options, source=cfg.source)  # validate before forking
+    rundir.create()
+    cmd = [sys.executable, "-m", "pilot", "up", "--foreground", "--rundir", str(rundir.path)]
+    if args.config:
+        cmd += ["--config", str(args.config.resolve())]
+    with open(rundir.log_file, "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        info = rundir.read_info()
+        if info is not None and info.get("pid") == proc.pid:
+            print(f"pilot up: pid {proc.pid}, run directory {rundir.path}")
+            print(f"  clients connect to {info['client_url']}; logs in {rundir.log_file}")
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    print(f"pilot: the daemon did not start; last lines of {rundir.log_file}:", file=sys.stderr)
+    print(_tail(rundir.log_file), file=sys.stderr)
+    sys.exit(1)
+
+
+def _serve(cfg: config_mod.Config, rundir: RunDir, *, embedded: bool, parent_pid: int | None) -> None:
+    import anyio
+
+    from pilot.daemon import Daemon, DaemonError
+    from pilot.logs import configure
+
+    configure(level=cfg.pilot.log_level)
+    daemon = Daemon(config=cfg, rundir=rundir, embedded=embedded)
+
+    async def serve() -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+                    async for _ in sigs:
+                        daemon.request_stop()
+
+            async def watch_parent() -> None:
+                while True:
+                    await anyio.sleep(0.5)
+                    if parent_pid is not None and os.getppid() != parent_pid:
+                        daemon.request_stop()
+                        return
+
+            tg.start_soon(signals)
+            tg.start_soon(watch_parent)
+            await daemon.serve()
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(serve)
+    except DaemonError as exc:
+        print(f"pilot: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+# -- status / down ----------------------------------------------------------------------------------
+
+
+def _request(rundir: RunDir, kind: str, *, timeout: float = 10.0) -> dict[str, Any]:
+    from client._connection import Connection
+    from client.exceptions import SubmitException
+
+    info = rundir.read_info()
+    if info is None:
+        print(f"pilot: no pilot is running in {rundir.path}", file=sys.stderr)
+        sys.exit(1)
+    conn = Connection(str(info["client_url"]))
+    try:
+        return conn.request(kind, {}, timeout=timeout)
+    except SubmitException as exc:
+        print(f"pilot: {exc}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        conn.close()
+
+
+def _status(args: argparse.Namespace) -> None:
+    from pilot import wire
+
+    st = _request(_rundir(args), wire.Kind.STATUS)
+    st.pop("rid", None)
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return
+    p, a = st["pilot"], st.get("allocation") or {}
+    print(f"pilot {p['name']}  pid {p['pid']}  up {_dur(p['uptime'])}  run dir {p['rundir']}")
+    line = f"allocation {a.get('lrm')} {a.get('native_id')}: {a.get('state')}, {a.get('nodes')} node(s)"
+    if a.get("remaining") is not None:
+        line += f", {_dur(a['remaining'])} of walltime left"
+    if a.get("message"):
+        line += f" ({a['message']})"
+    print(line)
+    print(f"{'node':<14}{'agent':<10}{'cores':>11}{'gpus':>8}{'memory':>20}  processes")
+    for n in st["nodes"]:
+        print(
+            f"{n['name']:<14}{n['agent']:<10}{n['free_cores']:>5}/{n['cores']:<5}{n['free_gpus']:>3}/{n['gpus']:<4}"
+            f"{_gib(n['free_memory']):>9}/{_gib(n['memory']):<10}  {n['processes']}"
+        )
+    jobs = st.get("jobs") or {}
+    print("jobs: " + (", ".join(f"{k} {v}" for k, v in sorted(jobs.items())) or "none"))
+
+
+def _down(args: argparse.Namespace) -> None:
+    from pilot import wire
+
+    rundir = _rundir(args)
+    reply = _request(rundir, wire.Kind.SHUTDOWN)
+    pid = int(reply.get("pid", 0))
+    deadline = time.monotonic() + 30
+    from pilot.rundir import pid_alive
+
+    while pid and pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pid and pid_alive(pid):
+        print(f"pilot: daemon {pid} did not stop within 30 s", file=sys.stderr)
+        sys.exit(1)
+    print(f"pilot down: {rundir.path} stopped")
+
+
+# -- run (the main job) -----------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace) -> None:
+    import threading
+
+    from tqdm import tqdm
+
+    import client as psij
+
+    cmd = [c for c in args.cmd if c != "--"] or ["/bin/true"]
+    n = args.tasks
+    done = threading.Semaphore(0)
+    finals: list[psij.JobStatus] = []
+    lock = threading.Lock()
+
+    def on_status(job: psij.Job, status: psij.JobStatus) -> None:
+        if status.final:
+            with lock:
+                finals.append(status)
+            done.release()
+
+    t_start = time.monotonic()
+    with psij.JobExecutor.get_instance("pilot", url=args.url) as ex:
+        ex.set_job_status_callback(on_status)
+        t0 = time.monotonic()
+        bar = tqdm(total=n, desc="tasks", unit="task", file=sys.stderr, mininterval=0.2)
+        for _ in range(n):
+            ex.submit(psij.Job(psij.JobSpec(executable=cmd[0], arguments=cmd[1:])))
+        t_submitted = time.monotonic()
+        for _ in range(n):
+            done.acquire()
+            bar.update(1)
+        t_end = time.monotonic()
+        bar.close()
+        pilot_status = ex.pilot_status()
+    failed = [s for s in finals if s.state is not psij.JobState.COMPLETED]
+    md = [s.metadata or {} for s in finals]
+    summary = {
+        "tasks": n,
+        "completed": n - len(failed),
+        "failed": len(failed),
+        "command": cmd,
+        "nodes": len(pilot_status.get("nodes", [])),
+        "startup_seconds": t0 - t_start,
+        "submit_seconds": t_submitted - t0,
+        "makespan_seconds": t_end - t0,
+        "tasks_per_second": n / (t_end - t0) if t_end > t0 else 0.0,
+        "delivered": {
+            "wall_seconds": sum(m.get("wall_duration", 0.0) for m in md),
+            "user_cpu_seconds": sum(m.get("user_cpu_time", 0.0) for m in md),
+            "system_cpu_seconds": sum(m.get("system_cpu_time", 0.0) for m in md),
+            "max_rss_bytes": max((m.get("max_rss", 0) for m in md), default=0),
+            "processors": sum(m.get("processors", 0) for m in md),
+        },
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return
+    d = summary["delivered"]
+    print(
+        f"{n} tasks of {' '.join(cmd)!r} on {summary['nodes']} node(s): {summary['completed']} completed, "
+        f"{summary['failed']} failed"
+    )
+    print(
+        f"  {summary['tasks_per_second']:.0f} tasks/s end to end (submit {summary['submit_seconds']:.2f} s, "
+        f"makespan {summary['makespan_seconds']:.2f} s, pilot start {summary['startup_seconds']:.2f} s)"
+    )
+    print(
+        f"  Delivered: wall {d['wall_seconds']:.2f} s, user CPU {d['user_cpu_seconds']:.2f} s, "
+        f"system CPU {d['system_cpu_seconds']:.2f} s, max RSS {d['max_rss_bytes'] / 2**20:.1f} MiB, "
+        f"{d['processors']} processor-slots"
+    )
+    for s in failed[:5]:
+        print(f"  failed: {s.state} exit {s.exit_code}: {s.message}")
+    if failed:
+        sys.exit(1)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _dur(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f}G"

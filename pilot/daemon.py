@@ -1,0 +1,757 @@
+"""The daemon: sockets, job table, scheduling passes, and the allocation's agents, wired together.
+
+Everything runs on one anyio event loop. Each socket loop handles a burst of frames (all that are
+waiting), then one flush runs a scheduling pass and sends every outbox in one message per peer: that
+is where batching on every hop comes from.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import structlog
+import zmq
+import zmq.asyncio
+
+import pilot
+from pilot import lrm, wire
+from pilot.config import Config
+from pilot.jobs import JobRecord, ProcessResult
+from pilot.launchers import LAUNCHERS, PlannedProcess, job_directory
+from pilot.lrm.base import Allocation, AllocationRequest
+from pilot.model.job_description import DescriptionError, JobDescription
+from pilot.model.job_state import JobState
+from pilot.model.node import NodeConfigured
+from pilot.model.process_order import POST, PRE, ProcessOrder
+from pilot.rundir import RunDir
+from pilot.scheduler import JobQueue, NodeSlots, never_fits, place
+
+log = structlog.get_logger("pilot.daemon")
+
+_DRAIN = 2048  # frames handled per burst before a flush
+
+
+class DaemonError(RuntimeError):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+@dataclass(slots=True, eq=False)
+class AgentRecord:
+    name: str
+    node: NodeConfigured
+    state: str = "active"  # active | lost | stopped
+    last_seen: float = field(default_factory=time.monotonic)
+    registered: float = field(default_factory=time.time)
+    load: list[float] = field(default_factory=list)
+    processes: set[tuple[str, int]] = field(default_factory=set)
+
+
+class Daemon:
+    def __init__(self, *, config: Config, rundir: RunDir, embedded: bool = False) -> None:
+        self.config = config
+        self.rundir = rundir
+        self.embedded = embedded
+        self.lrm = lrm.create(config.allocation.lrm, options=config.allocation.options, source=config.source)
+        self.jobs: dict[str, JobRecord] = {}
+        self.queue: JobQueue[JobRecord] = JobQueue(
+            key=lambda j: j.description.resources.key, alive=lambda j: j.phase == "queued"
+        )
+        self.nodes: dict[str, NodeSlots] = {}
+        self.agents: dict[str, AgentRecord] = {}
+        self.allocation: Allocation | None = None
+        self.counts: Counter[JobState] = Counter()
+        self.started = time.time()
+        self._seq = 0
+        self._replies: list[tuple[bytes, dict[str, Any]]] = []
+        self._orders: dict[str, list[ProcessOrder]] = defaultdict(list)
+        self._kills: dict[str, dict[str, list[list[Any]]]] = defaultdict(lambda: defaultdict(list))
+        self._events: dict[bytes, dict[str, list[Any]]] = defaultdict(dict)
+        self._stopping = False
+        self._stop = anyio.Event()
+        self._progress = anyio.Event()
+        self._ctx = zmq.asyncio.Context()
+        self._clients = self._ctx.socket(zmq.ROUTER)
+        self._agents_sock = self._ctx.socket(zmq.ROUTER)
+        for s in (self._clients, self._agents_sock):
+            s.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+            s.setsockopt(zmq.LINGER, 1000)
+        self._lock_fd: int | None = None
+        sd = rundir.socket_dir()
+        self.client_url = f"ipc://{sd / 'client.sock'}"
+        self.agent_url = f"ipc://{sd / 'agent.sock'}"
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def _take_lock(self) -> None:
+        self.rundir.create()
+        fd = os.open(self.rundir.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            info = self.rundir.read_info() or {}
+            raise DaemonError(
+                f"a pilot is already running in {self.rundir.path} (pid {info.get('pid', '?')}); "
+                "use it, stop it with 'pilot down', or pick another --name"
+            ) from None
+        self._lock_fd = fd
+
+    async def serve(self, *, on_ready: Callable[[], None] | None = None) -> None:
+        self._take_lock()
+        try:
+            self._clients.bind(self.client_url)
+            self._agents_sock.bind(self.agent_url)
+            await self._acquire()
+            self.rundir.write_info(self._info())
+            log.info("pilot ready", rundir=str(self.rundir.path), client_url=self.client_url, pid=os.getpid())
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._client_loop)
+                tg.start_soon(self._agent_loop)
+                tg.start_soon(self._monitor_loop)
+                if on_ready is not None:
+                    on_ready()
+                await self._stop.wait()
+                await self._shutdown()
+                tg.cancel_scope.cancel()
+        finally:
+            self._clients.close(linger=500)
+            self._agents_sock.close(linger=0)
+            self._ctx.term()
+            self.rundir.remove_info()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+            log.info("pilot stopped")
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def _acquire(self) -> None:
+        request = AllocationRequest(
+            nodes=self.config.allocation.nodes,
+            walltime=self.config.allocation.walltime,
+            agent_argv=[sys.executable, "-m", "agent"],
+            agent_env={
+                "PILOT_AGENT_URL": self.agent_url,
+                "PILOT_AGENT_HEARTBEAT": str(self.config.pilot.heartbeat_interval),
+                "PILOT_AGENT_LOG_LEVEL": self.config.pilot.log_level,
+            },
+            workdir=self.rundir.agents_dir,
+        )
+        self.allocation = await self.lrm.submit(request)
+
+    def _info(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "name": self.config.pilot.name,
+            "version": pilot.__version__,
+            "client_url": self.client_url,
+            "agent_url": self.agent_url,
+            "started": self.started,
+            "config": self.config.source,
+            "embedded": self.embedded,
+        }
+
+    async def _shutdown(self) -> None:
+        log.info("pilot stopping", jobs=len(self.jobs))
+        self._stopping = True
+        for job in list(self.jobs.values()):
+            if not job.final:
+                self._cancel(job, reason="pilot stopped")
+        await self._flush()
+        with anyio.move_on_after(self.config.pilot.kill_grace + 3):
+            await self._until(
+                lambda: (
+                    all(j.final for j in self.jobs.values()) or all(a.state != "active" for a in self.agents.values())
+                )
+            )
+        for name, agent in self.agents.items():
+            if agent.state == "active":
+                await self._agents_sock.send_multipart(
+                    [name.encode(), wire.encode(wire.Kind.STOP, {"reason": "pilot stopped"})]
+                )
+        with anyio.move_on_after(5):
+            await self._until(lambda: all(a.state != "active" for a in self.agents.values()))
+        for agent in self.agents.values():
+            if agent.state == "active":
+                self._agent_gone(agent, f"agent on {agent.name} did not stop in time")
+        for job in self.jobs.values():
+            if not job.final:
+                self._finish(job)
+        await self._flush()
+        if self.allocation is not None:
+            await self.lrm.cancel(self.allocation)
+
+    # -- client socket ------------------------------------------------------------------------------
+
+    async def _client_loop(self) -> None:
+        sock = self._clients
+        while True:
+            frames = await sock.recv_multipart()
+            self._on_client(frames)
+            for _ in range(_DRAIN):
+                try:
+                    frames = await sock.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._on_client(frames)
+            await self._flush()
+
+    def _on_client(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            log.warning("dropped client message", reason=f"{len(frames) - 1} payload frames, expected 1")
+            return
+        ident, payload = frames
+        try:
+            msg = wire.decode(payload, allowed=wire.CLIENT_KINDS)
+            rid = wire.field(msg.body, "rid", int)
+        except wire.ProtocolError as exc:
+            log.warning("dropped client frame", reason=str(exc), size=len(payload))
+            return
+        try:
+            body = self._handle_client(ident, msg)
+        except wire.ProtocolError as exc:
+            log.warning("bad client request", kind=msg.kind, reason=str(exc))
+            body = {"error": f"bad {msg.kind} request: {exc}"}
+        body["rid"] = rid
+        self._replies.append((ident, body))
+
+    def _handle_client(self, ident: bytes, msg: wire.Message) -> dict[str, Any]:
+        body = msg.body
+        if msg.kind == wire.Kind.SUBMIT:
+            return {"results": [self._submit(ident, raw) for raw in wire.field(body, "jobs", list)]}
+        if msg.kind == wire.Kind.CANCEL:
+            return {"results": [self._cancel_request(i) for i in wire.str_list(body, "ids")]}
+        if msg.kind == wire.Kind.ATTACH:
+            return {"results": [self._attach(ident, i) for i in wire.str_list(body, "ids")]}
+        if msg.kind == wire.Kind.LIST:
+            return {"ids": list(self.jobs)}
+        if msg.kind == wire.Kind.STATUS:
+            return self.status()
+        if msg.kind == wire.Kind.SHUTDOWN:
+            self.request_stop()
+            return {"ok": True, "pid": os.getpid()}
+        return {"version": pilot.__version__, "pilot": self.config.pilot.name, "pid": os.getpid()}  # hello
+
+    def _submit(self, ident: bytes, raw: Any) -> dict[str, Any]:
+        if self._stopping:
+            return {"error": "the pilot is stopping; submit to a new one", "transient": True}
+        try:
+            description = JobDescription.from_wire(raw)
+            if description.launcher not in LAUNCHERS:
+                raise DescriptionError(
+                    f"JobSpec.launcher {description.launcher!r} is not available in this pilot; "
+                    f"use one of {', '.join(LAUNCHERS)}"
+                )
+            reason = never_fits(description.resources, self._capacity())
+            if reason is not None:
+                raise DescriptionError(f"the job can never run in this allocation: it {reason}")
+        except DescriptionError as exc:
+            return {"error": str(exc)}
+        self._seq += 1
+        job = JobRecord(id=str(self._seq), description=description)
+        job.subscribers.add(ident)
+        self.jobs[job.id] = job
+        self.counts[JobState.QUEUED] += 1
+        self.queue.push(job)
+        return {"id": job.id, "time": job.state_time}
+
+    def _capacity(self) -> list[NodeSlots]:
+        """Registered nodes, plus the ones the allocation promises that have not registered yet."""
+        nodes = [n for n in self.nodes.values() if n.usable]
+        if self.allocation is not None:
+            known = set(self.nodes)
+            nodes += [NodeSlots.from_configured(n) for n in self.allocation.expected_nodes if n.name not in known]
+        return nodes
+
+    def _cancel_request(self, job_id: str) -> dict[str, Any]:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"error": f"no job {job_id!r} in this pilot"}
+        self._cancel(job, reason="canceled")
+        return {"id": job_id}
+
+    def _attach(self, ident: bytes, job_id: str) -> dict[str, Any]:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"error": f"no job {job_id!r} in this pilot"}
+        job.subscribers.add(ident)
+        return {"id": job_id, "status": job.status(), "name": job.description.name}
+
+    # -- agent socket -------------------------------------------------------------------------------
+
+    async def _agent_loop(self) -> None:
+        sock = self._agents_sock
+        while True:
+            frames = await sock.recv_multipart()
+            await self._on_agent(frames)
+            for _ in range(_DRAIN):
+                try:
+                    frames = await sock.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                await self._on_agent(frames)
+            await self._flush()
+
+    async def _on_agent(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            log.warning("dropped agent message", reason=f"{len(frames) - 1} payload frames, expected 1")
+            return
+        ident, payload = frames
+        try:
+            name = ident.decode()
+            msg = wire.decode(payload, allowed=wire.AGENT_KINDS)
+            await self._handle_agent(name, msg)
+        except (wire.ProtocolError, UnicodeDecodeError) as exc:
+            log.warning("dropped agent frame", reason=str(exc), size=len(payload))
+
+    async def _handle_agent(self, name: str, msg: wire.Message) -> None:
+        agent = self.agents.get(name)
+        if msg.kind == wire.Kind.REGISTER:
+            node = NodeConfigured.from_wire(wire.field(msg.body, "node", dict))
+            if node.name != name:
+                raise wire.ProtocolError(f"agent {name!r} registers as {node.name!r}")
+            running = wire.field(msg.body, "running", list)
+            if agent is not None and agent.state == "active":
+                agent.last_seen = time.monotonic()
+            else:
+                self._register(node)
+                if running:
+                    # Processes this daemon does not know: the agent must not keep them.
+                    self._kills[name]["unknown to the daemon"].extend(running)
+            await self._agents_sock.send_multipart(
+                [
+                    ident_of(name),
+                    wire.encode(wire.Kind.REGISTERED, {"heartbeat_interval": self.config.pilot.heartbeat_interval}),
+                ]
+            )
+        elif agent is None or agent.state != "active":
+            await self._agents_sock.send_multipart([ident_of(name), wire.encode(wire.Kind.HEARTBEAT, {"known": False})])
+        elif msg.kind == wire.Kind.HEARTBEAT:
+            agent.last_seen = time.monotonic()
+            load = msg.body.get("load")
+            if isinstance(load, list) and all(isinstance(x, int | float) for x in load):
+                agent.load = load[:3]
+            await self._agents_sock.send_multipart([ident_of(name), wire.encode(wire.Kind.HEARTBEAT, {"known": True})])
+        elif msg.kind == wire.Kind.TASK_EVENTS:
+            agent.last_seen = time.monotonic()
+            for ev in wire.field(msg.body, "events", list):
+                self._on_process_event(agent, ev)
+        elif msg.kind == wire.Kind.BYE:
+            self._agent_gone(agent, f"agent on {name} exited", state="stopped")
+
+    def _register(self, node: NodeConfigured) -> None:
+        self.agents[node.name] = AgentRecord(name=node.name, node=node)
+        self.nodes[node.name] = NodeSlots.from_configured(node)
+        log.info("agent registered", node=node.name, cores=len(node.processors), gpus=len(node.gpus))
+
+    def _agent_gone(self, agent: AgentRecord, message: str, *, state: str = "lost") -> None:
+        if agent.state != "active":
+            return
+        agent.state = state
+        slots = self.nodes.get(agent.name)
+        if slots is not None:
+            slots.usable = False
+        log.warning("agent gone", node=agent.name, reason=message) if state == "lost" else log.info(
+            "agent stopped", node=agent.name
+        )
+        for job_id, slot in list(agent.processes):
+            job = self.jobs.get(job_id)
+            plan = job.processes.get(slot) if job else None
+            if job is not None and plan is not None:
+                self._process_done(job, slot, ProcessResult(agent.name, plan.order.role, message=message))
+
+    def _on_process_event(self, agent: AgentRecord, ev: Any) -> None:
+        if not (isinstance(ev, list) and len(ev) == 5):
+            raise wire.ProtocolError("a task event is [job_id, slot, kind, time, data]")
+        job_id, slot, kind, t, data = ev
+        if not (
+            isinstance(job_id, str)
+            and isinstance(slot, int)
+            and isinstance(kind, str)
+            and isinstance(t, int | float)
+            and isinstance(data, dict)
+        ):
+            raise wire.ProtocolError("a task event has wrong field types")
+        job = self.jobs.get(job_id)
+        plan = job.processes.get(slot) if job is not None else None
+        if job is None or plan is None or plan.node != agent.name:
+            log.warning(
+                "event for a process this node does not hold", node=agent.name, job=job_id, slot=slot, kind=kind
+            )
+            return
+        if kind == "started":
+            if job.started is None:
+                job.started = float(t)
+            if job.state is JobState.QUEUED:
+                self._set_state(job, JobState.ACTIVE, float(t))
+        elif kind == "failed":
+            self._process_done(job, slot, ProcessResult(agent.name, plan.order.role, message=str(data.get("message"))))
+        elif kind == "exited":
+            job.ended = max(job.ended or 0.0, float(t))
+            result = ProcessResult(
+                agent.name,
+                plan.order.role,
+                exit_code=_opt_int(data.get("exit_code")),
+                signal=_opt_int(data.get("signal")),
+                reason=data.get("reason") if isinstance(data.get("reason"), str) else None,
+                data=data,
+            )
+            if data.get("spawned") is False:
+                result.message = result.reason or "not started"
+            if plan.order.role == "pre":
+                env = data.get("environment")
+                if isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+                    env.pop("_", None)
+                    env.pop("SHLVL", None)
+                    job.environment = env
+            self._process_done(job, slot, result)
+        else:
+            raise wire.ProtocolError(f"unknown task event kind {kind!r}")
+
+    # -- job lifecycle ------------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        if not len(self.queue) or not self.nodes or self._stopping:
+            return
+        nodes = [n for n in self.nodes.values() if n.usable]
+        for key, _ in self.queue.heads():
+            while (job := self.queue.peek(key)) is not None:
+                ranks = place(job.description.resources, nodes, job_id=job.id)
+                if ranks is None:
+                    break
+                self.queue.pop_head(key)
+                self._start(job, ranks)
+
+    def _start(self, job: JobRecord, ranks: list[Any]) -> None:
+        d = job.description
+        job.ranks = ranks
+        job.held = [True] * len(ranks)
+        plans = LAUNCHERS[d.launcher].plan(
+            job_id=job.id, description=d, ranks=ranks, hosts=self._hosts(job), environment=None
+        )
+        if d.pre_launch or (len(plans) > 1 and (d.stdout_path or d.stderr_path)):
+            job.phase = "pre"
+            order = self._hook_order(job, PRE, "pre", d.pre_launch, truncate=True)
+            order.cores = ranks[0].cores
+            self._dispatch(job, PlannedProcess(ranks[0].node, order, []))
+        else:
+            job.phase = "ranks"
+            for p in plans:
+                self._dispatch(job, p)
+
+    def _start_ranks(self, job: JobRecord) -> None:
+        job.phase = "ranks"
+        plans = LAUNCHERS[job.description.launcher].plan(
+            job_id=job.id,
+            description=job.description,
+            ranks=job.ranks,
+            hosts=self._hosts(job),
+            environment=job.environment,
+        )
+        for p in plans:
+            p.order.truncate_output = False
+            self._dispatch(job, p)
+
+    def _hook_order(self, job: JobRecord, slot: int, role: str, script: str | None, *, truncate: bool) -> ProcessOrder:
+        d = job.description
+        env = job.environment
+        return ProcessOrder(
+            job_id=job.id,
+            slot=slot,
+            role=role,
+            executable="/bin/sh",
+            environment=env if env is not None else d.environment,
+            resolved_environment=env is not None,
+            inherit_environment=d.inherit_environment,
+            directory=job_directory(d),
+            stdout_path=d.stdout_path,
+            stderr_path=d.stderr_path,
+            truncate_output=truncate,
+            walltime=d.duration,
+            rank_environment={"PILOT_JOB_ID": job.id, "PILOT_SIZE": str(len(job.ranks))},
+            nodefile_hosts=self._hosts(job),
+            script=script,
+        )
+
+    def _hosts(self, job: JobRecord) -> list[str]:
+        return [self.nodes[r.node].hostname for r in job.ranks]
+
+    def _dispatch(self, job: JobRecord, plan: PlannedProcess) -> None:
+        agent = self.agents.get(plan.node)
+        job.processes[plan.order.slot] = plan
+        if agent is None or agent.state != "active":
+            self._process_done(
+                job, plan.order.slot, ProcessResult(plan.node, plan.order.role, message=f"node {plan.node} is gone")
+            )
+            return
+        agent.processes.add((job.id, plan.order.slot))
+        self._orders[plan.node].append(plan.order)
+
+    def _process_done(self, job: JobRecord, slot: int, result: ProcessResult) -> None:
+        plan = job.processes.pop(slot, None)
+        if plan is None:
+            return
+        agent = self.agents.get(plan.node)
+        if agent is not None:
+            agent.processes.discard((job.id, slot))
+        job.results[slot] = result
+        for i in plan.holds:
+            self._release_rank(job, i)
+        if not result.ok and job.cancel_reason is None and result.role != "post":
+            self._kill_outstanding(job, reason=f"another process of job {job.id} failed")
+        if job.processes:
+            return
+        failed = any(not r.ok for r in job.results.values())
+        if job.phase == "pre" and not failed and job.cancel_reason is None:
+            self._start_ranks(job)
+        elif job.phase == "ranks" and not failed and job.cancel_reason is None and job.description.post_launch:
+            job.phase = "post"
+            self._dispatch(
+                job,
+                PlannedProcess(
+                    job.ranks[0].node,
+                    self._hook_order(job, POST, "post", job.description.post_launch, truncate=False),
+                    [],
+                ),
+            )
+        else:
+            self._finish(job)
+
+    def _release_rank(self, job: JobRecord, i: int) -> None:
+        if i < len(job.held) and job.held[i]:
+            job.held[i] = False
+            rank = job.ranks[i]
+            node = self.nodes.get(rank.node)
+            if node is not None:
+                node.give_back(rank)
+                if node.exclusive_job == job.id and not any(
+                    h and r.node == rank.node for h, r in zip(job.held, job.ranks, strict=True)
+                ):
+                    node.exclusive_job = None
+
+    def _kill_outstanding(self, job: JobRecord, *, reason: str) -> None:
+        for slot, plan in job.processes.items():
+            self._kills[plan.node][reason].append([job.id, slot])
+
+    def _cancel(self, job: JobRecord, *, reason: str) -> None:
+        if job.final or job.cancel_reason is not None:
+            return
+        job.cancel_reason = reason
+        if job.phase == "queued":
+            job.phase = "done"
+            self.queue.drop()
+            self._set_state(job, JobState.CANCELED, time.time(), message=reason)
+        else:
+            self._kill_outstanding(job, reason="canceled")
+
+    def _finish(self, job: JobRecord) -> None:
+        for i in range(len(job.ranks)):
+            self._release_rank(job, i)
+        job.phase = "done"
+        state, exit_code, message = self._outcome(job)
+        self._set_state(
+            job,
+            state,
+            job.ended or time.time(),
+            exit_code=exit_code,
+            message=message,
+            metadata=self._delivered(job, exit_code),
+        )
+
+    def _outcome(self, job: JobRecord) -> tuple[JobState, int | None, str | None]:
+        d = job.description
+        results = sorted(job.results.items(), key=lambda kv: (kv[0] < 0, kv[0]))
+        bad = [(slot, r) for slot, r in results if not r.ok]
+        if job.cancel_reason is not None and (bad or not results):
+            return JobState.CANCELED, None, job.cancel_reason
+        if not bad:
+            return JobState.COMPLETED, 0, None
+        # The cause, not the collateral: a process we killed because another failed is not the cause.
+        causes = [(s, r) for s, r in bad if r.reason is None or r.reason == "walltime"] or bad
+        slot, r = causes[0]
+        code = r.exit_code if r.exit_code is not None else (-r.signal if r.signal else None)
+        what = {"pre": f"pre_launch script {d.pre_launch!r}", "post": f"post_launch script {d.post_launch!r}"}.get(
+            r.role, f"rank {slot}" if len(job.ranks) > 1 or slot else "the process"
+        )
+        if r.reason == "walltime":
+            return (
+                JobState.FAILED,
+                code,
+                (
+                    f"walltime exceeded: {what} ran past JobAttributes.duration of {d.duration:g} s "
+                    f"on node {r.node} and was killed"
+                ),
+            )
+        if r.message is not None:
+            return JobState.FAILED, code, r.message
+        if r.signal:
+            return (
+                JobState.FAILED,
+                code,
+                f"{what} was killed by signal {r.signal} ({_signame(r.signal)}) on node {r.node}",
+            )
+        return JobState.FAILED, code, f"{what} exited with code {r.exit_code} on node {r.node}"
+
+    def _delivered(self, job: JobRecord, exit_code: int | None) -> dict[str, Any]:
+        ranks = [r for r in job.results.values() if r.data]
+        user = sum(float(r.data.get("user_cpu_time") or 0) for r in ranks)
+        system = sum(float(r.data.get("system_cpu_time") or 0) for r in ranks)
+        wall = max(0.0, (job.ended or 0) - job.started) if job.started is not None else 0.0
+        processors = sum(len(r.cores) for r in job.ranks)
+        signals = [r.signal for r in job.results.values() if r.signal]
+        return {
+            "wall_duration": wall,
+            "user_cpu_time": user,
+            "system_cpu_time": system,
+            "max_rss": max((int(r.data.get("max_rss") or 0) for r in ranks), default=0),
+            "processors": processors,
+            "gpus": sum(len(r.gpus) for r in job.ranks),
+            "consumption_rate": (user + system) / (wall * processors) if wall > 0 and processors else 0.0,
+            "nodes": sorted({r.node for r in job.ranks}),
+            "processes": len(ranks),
+            "exit_code": exit_code,
+            "signal": signals[0] if signals else None,
+        }
+
+    def _set_state(
+        self,
+        job: JobRecord,
+        state: JobState,
+        t: float,
+        *,
+        exit_code: int | None = None,
+        message: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.counts[job.state] -= 1
+        self.counts[state] += 1
+        job.state = state
+        job.state_time = t
+        if state.final:
+            job.exit_code = exit_code
+            job.message = message
+            job.metadata = metadata or {}
+        status = job.status()
+        for ident in job.subscribers:
+            self._events[ident][job.id] = status
+
+    # -- flush & monitor ----------------------------------------------------------------------------
+
+    async def _flush(self) -> None:
+        self._schedule()
+        replies, self._replies = self._replies, []
+        orders, self._orders = self._orders, defaultdict(list)
+        kills, self._kills = self._kills, defaultdict(lambda: defaultdict(list))
+        events, self._events = self._events, defaultdict(dict)
+        for ident, body in replies:
+            await self._clients.send_multipart([ident, wire.encode(wire.Kind.REPLY, body)])
+        for node, batch in kills.items():
+            for reason, keys in batch.items():
+                await self._agents_sock.send_multipart(
+                    [ident_of(node), wire.encode(wire.Kind.KILL, {"keys": keys, "reason": reason})]
+                )
+        for node, batch_orders in orders.items():
+            await self._agents_sock.send_multipart(
+                [ident_of(node), wire.encode(wire.Kind.LAUNCH, {"orders": [o.to_wire() for o in batch_orders]})]
+            )
+        for ident, evs in events.items():
+            await self._clients.send_multipart([ident, wire.encode(wire.Kind.EVENTS, {"events": list(evs.values())})])
+        self._progress.set()
+        self._progress = anyio.Event()
+
+    async def _until(self, predicate: Callable[[], bool]) -> None:
+        """Wait for ``predicate``, re-checked after every flush (every burst of messages)."""
+        while not predicate():
+            await self._progress.wait()
+
+    async def _monitor_loop(self) -> None:
+        timeout = self.config.pilot.agent_timeout
+        while True:
+            await anyio.sleep(min(0.5, self.config.pilot.heartbeat_interval))
+            now = time.monotonic()
+            for agent in list(self.agents.values()):
+                if agent.state == "active" and now - agent.last_seen > timeout:
+                    self._agent_gone(
+                        agent, f"node {agent.name} lost: its agent sent no heartbeat for {now - agent.last_seen:.1f} s"
+                    )
+            if self.allocation is not None and not self._stopping:
+                await self.lrm.poll([self.allocation])
+            await self._flush()
+
+    # -- status -------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        nodes = []
+        for name, slots in self.nodes.items():
+            agent = self.agents[name]
+            nodes.append(
+                {
+                    "name": name,
+                    "hostname": slots.hostname,
+                    "agent": agent.state,
+                    "cores": len(slots.cores),
+                    "free_cores": len(slots.free_cores),
+                    "gpus": len(slots.gpus),
+                    "free_gpus": len(slots.free_gpus),
+                    "memory": slots.memory,
+                    "free_memory": slots.free_memory,
+                    "processes": len(agent.processes),
+                    "load": agent.load,
+                    "os": agent.node.os,
+                    "architecture": agent.node.architecture,
+                    "features": agent.node.features,
+                }
+            )
+        if self.allocation is not None:
+            for n in self.allocation.expected_nodes:
+                if n.name not in self.nodes:
+                    nodes.append(
+                        {
+                            "name": n.name,
+                            "hostname": n.hostname,
+                            "agent": "starting",
+                            "cores": len(n.processors),
+                            "free_cores": 0,
+                            "gpus": len(n.gpus),
+                            "free_gpus": 0,
+                            "memory": n.memory,
+                            "free_memory": 0,
+                            "processes": 0,
+                            "load": [],
+                            "os": n.os,
+                            "architecture": n.architecture,
+                            "features": n.features,
+                        }
+                    )
+        return {
+            "pilot": self._info() | {"rundir": str(self.rundir.path), "uptime": time.time() - self.started},
+            "allocation": self.allocation.to_status() if self.allocation is not None else None,
+            "nodes": nodes,
+            "jobs": {s.value: n for s, n in self.counts.items() if n},
+            "queued": len(self.queue),
+        }
+
+
+def ident_of(name: str) -> bytes:
+    return name.encode()
+
+
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _signame(sig: int) -> str:
+    import signal as _signal
+
+    try:
+        return _signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"

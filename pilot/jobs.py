@@ -1,0 +1,57 @@
+"""The daemon's record of one job: its description, state, placement, processes and Delivered."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pilot.launchers.base import PlannedProcess
+from pilot.model.job_description import JobDescription
+from pilot.model.job_state import JobState
+from pilot.scheduler.placement import RankPlacement
+
+
+@dataclass(slots=True)
+class ProcessResult:
+    node: str
+    role: str
+    exit_code: int | None = None
+    signal: int | None = None
+    message: str | None = None  # spawn failure, loss of node
+    reason: str | None = None  # why the agent signalled it (walltime, canceled, ...)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.message is None and self.exit_code == 0
+
+
+@dataclass(slots=True, eq=False)
+class JobRecord:
+    id: str
+    description: JobDescription
+    submitted: float = field(default_factory=time.time)
+    state: JobState = JobState.QUEUED
+    phase: str = "queued"  # queued | pre | ranks | post | done
+    message: str | None = None
+    exit_code: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    state_time: float = field(default_factory=time.time)
+    ranks: list[RankPlacement] = field(default_factory=list)
+    held: list[bool] = field(default_factory=list)  # per rank: slots still taken
+    processes: dict[int, PlannedProcess] = field(default_factory=dict)  # slot -> plan, while outstanding
+    results: dict[int, ProcessResult] = field(default_factory=dict)
+    environment: dict[str, str] | None = None  # captured after pre_launch
+    cancel_reason: str | None = None
+    started: float | None = None
+    ended: float | None = None
+    subscribers: set[bytes] = field(default_factory=set)
+
+    @property
+    def final(self) -> bool:
+        return self.state.final
+
+    def status(self) -> list[Any]:
+        """The wire form of the job's current status: [id, state, time, exit_code, message, metadata]."""
+        return [self.id, self.state.value, self.state_time, self.exit_code, self.message, self.metadata or None]

@@ -1,0 +1,83 @@
+"""The launcher interface: how a placed job's ranks become processes on the agents.
+
+``single`` starts one process that owns all the job's slots; ``multiple`` one process per rank;
+``mpirun`` and ``srun`` (later) one launching process that starts the ranks itself.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pilot.model.job_description import JobDescription
+from pilot.model.process_order import ProcessOrder
+from pilot.scheduler.placement import RankPlacement
+
+
+@dataclass(slots=True)
+class PlannedProcess:
+    node: str
+    order: ProcessOrder
+    #: Indices into the job's ranks whose slots this process holds; released when it exits.
+    holds: list[int]
+
+
+class Launcher(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    def plan(
+        self,
+        *,
+        job_id: str,
+        description: JobDescription,
+        ranks: list[RankPlacement],
+        hosts: list[str],
+        environment: dict[str, str] | None,
+    ) -> list[PlannedProcess]:
+        """Process orders for the rank phase. ``environment`` is the resolved one captured after
+        pre_launch, or None to let the agent build it from the description."""
+
+
+def rank_order(
+    *,
+    job_id: str,
+    slot: int,
+    description: JobDescription,
+    cores: list[int],
+    gpus: list[int],
+    hosts: list[str],
+    environment: dict[str, str] | None,
+    truncate: bool,
+) -> ProcessOrder:
+    d = description
+    return ProcessOrder(
+        job_id=job_id,
+        slot=slot,
+        role="rank",
+        executable=d.executable,
+        arguments=d.arguments,
+        environment=environment if environment is not None else d.environment,
+        resolved_environment=environment is not None,
+        inherit_environment=d.inherit_environment,
+        directory=job_directory(d),
+        stdin_path=d.stdin_path,
+        stdout_path=d.stdout_path,
+        stderr_path=d.stderr_path,
+        truncate_output=truncate,
+        cores=cores,
+        gpus=gpus,
+        walltime=d.duration,
+        rank_environment={
+            "PILOT_JOB_ID": job_id,
+            "PILOT_RANK": str(slot),
+            "PILOT_SIZE": str(len(hosts)),
+        },
+        nodefile_hosts=hosts,
+    )
+
+
+def job_directory(d: JobDescription) -> str:
+    """The job's working directory: as given, else the directory the client submitted from."""
+    return d.directory or d.submit_directory or ""

@@ -1,0 +1,89 @@
+"""The LRM-executor interface: acquire an allocation, follow its state, release it.
+
+An LRM executor knows one batch system. It does not place tasks and does not know launchers: it
+submits a pilot job whose payload starts one agent per node (``AllocationRequest.agent_argv``).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pilot.model.node import NodeConfigured
+
+
+class AllocationState(Enum):
+    QUEUED = "queued"
+    STARTING = "starting"
+    ACTIVE = "active"
+    ENDING = "ending"
+    DONE = "done"
+    FAILED = "failed"
+
+    @property
+    def final(self) -> bool:
+        return self in (AllocationState.DONE, AllocationState.FAILED)
+
+
+@dataclass(slots=True)
+class AllocationRequest:
+    nodes: int
+    walltime: float | None
+    agent_argv: list[str]
+    agent_env: dict[str, str]
+    workdir: Path
+
+
+@dataclass(slots=True, eq=False)
+class Allocation:
+    native_id: str
+    lrm: str
+    state: AllocationState
+    nodes: int
+    #: Nodes as the LRM knows them before agents register (used to refuse impossible jobs early).
+    expected_nodes: list[NodeConfigured] = field(default_factory=list)
+    message: str = ""
+    submitted: float = field(default_factory=time.time)
+    started: float | None = None
+    walltime: float | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        remaining = None
+        if self.started is not None and self.walltime is not None:
+            remaining = max(0.0, self.started + self.walltime - time.time())
+        return {
+            "lrm": self.lrm,
+            "native_id": self.native_id,
+            "state": self.state.value,
+            "nodes": self.nodes,
+            "message": self.message,
+            "submitted": self.submitted,
+            "started": self.started,
+            "walltime": self.walltime,
+            "remaining": remaining,
+        }
+
+
+class LrmExecutor(ABC):
+    kind: ClassVar[str]
+
+    def __init__(self, *, options: dict[str, Any], source: str) -> None:
+        self.options = options
+        self.source = source
+
+    @abstractmethod
+    async def submit(self, request: AllocationRequest) -> Allocation:
+        """Ask for the allocation; returns at once with its native id and first state."""
+
+    @abstractmethod
+    async def poll(self, allocations: Sequence[Allocation]) -> None:
+        """Refresh the state of every allocation in one query (never one call per allocation)."""
+
+    @abstractmethod
+    async def cancel(self, allocation: Allocation) -> None:
+        """Release the allocation and end whatever still runs in it."""

@@ -1,0 +1,178 @@
+"""The ``local`` LRM: the allocation is this machine, split into ``nodes`` virtual nodes.
+
+Each virtual node gets its own share of the cpus (or ``cores_per_node`` declared cores, mapped onto
+the real ones, which oversubscribes when the machine has fewer), its share of memory, and declared
+GPUs (``gpus_per_node``), so that multi-node behaviour is testable on one machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, BinaryIO, ClassVar
+
+import anyio
+import anyio.abc
+import psutil
+import structlog
+
+from pilot.config import ConfigError, parse_size
+from pilot.lrm.base import Allocation, AllocationRequest, AllocationState, LrmExecutor
+from pilot.model.node import NodeConfigured
+
+log = structlog.get_logger("pilot.lrm.local")
+
+_OPTIONS = {"cores_per_node", "gpus_per_node", "memory_per_node", "features", "agent_python"}
+
+
+class LocalExecutor(LrmExecutor):
+    kind: ClassVar[str] = "local"
+
+    def __init__(self, *, options: dict[str, Any], source: str) -> None:
+        super().__init__(options=options, source=source)
+        for key in options:
+            if key not in _OPTIONS:
+                raise ConfigError(
+                    f"{source}: unknown key allocation.{key} for lrm 'local'; allowed: "
+                    f"nodes, walltime, {', '.join(sorted(_OPTIONS))}"
+                )
+        self._cores_per_node = _opt_int(options, "cores_per_node", source)
+        self._gpus_per_node = _opt_int(options, "gpus_per_node", source)
+        mem = options.get("memory_per_node")
+        self._memory_per_node = (
+            None if mem is None else parse_size(mem, key="allocation.memory_per_node", source=source)
+        )
+        features = options.get("features", [])
+        if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+            raise ConfigError(f"{source}: allocation.features must be a list of strings")
+        self._features: list[str] = features
+        self._procs: dict[str, list[anyio.abc.Process]] = {}
+        self.cpu_maps: list[dict[int, int]] = []
+
+    def node_layout(self, count: int) -> list[NodeConfigured]:
+        cpus = sorted(os.sched_getaffinity(0))
+        hostname = socket.gethostname()
+        total_mem = psutil.virtual_memory().total
+        if self._cores_per_node is None and count > len(cpus):
+            raise ConfigError(
+                f"{self.source}: allocation.nodes = {count} but this machine has {len(cpus)} cpus; "
+                "set allocation.cores_per_node to declare (oversubscribed) cores per virtual node"
+            )
+        nodes = []
+        self.cpu_maps = []
+        for i in range(count):
+            if self._cores_per_node is None:
+                base, extra = divmod(len(cpus), count)
+                start = i * base + min(i, extra)
+                mine = cpus[start : start + base + (1 if i < extra else 0)]
+                cpu_map = {c: c for c in mine}
+            else:
+                # Declared cores: logical ids 0..n-1, pinned onto the real cpus round-robin.
+                cpn = self._cores_per_node
+                mine = list(range(cpn))
+                cpu_map = {j: cpus[(i * cpn + j) % len(cpus)] for j in range(cpn)}
+            self.cpu_maps.append(cpu_map)
+            nodes.append(
+                NodeConfigured(
+                    name=f"local-{i}",
+                    hostname=hostname,
+                    processors=mine,
+                    memory=self._memory_per_node or total_mem // count,
+                    gpus=list(range(self._gpus_per_node)) if self._gpus_per_node else [],
+                    os=f"{platform.system()} {platform.release()}",
+                    architecture=platform.machine(),
+                    features=list(self._features),
+                )
+            )
+        return nodes
+
+    async def submit(self, request: AllocationRequest) -> Allocation:
+        nodes = self.node_layout(request.nodes)
+        native_id = f"local-{os.getpid()}-{int(time.time())}"
+        alloc = Allocation(
+            native_id=native_id,
+            lrm=self.kind,
+            state=AllocationState.ACTIVE,
+            nodes=len(nodes),
+            expected_nodes=nodes,
+            started=time.time(),
+            walltime=request.walltime,
+        )
+        procs = []
+        for node, cpu_map in zip(nodes, self.cpu_maps, strict=True):
+            workdir = request.workdir / node.name
+            workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            env = dict(os.environ)
+            env.update(request.agent_env)
+            env["PILOT_AGENT_NODE"] = node.name
+            env["PILOT_AGENT_DIR"] = str(workdir)
+            env["PILOT_NODE_SPEC"] = json.dumps(
+                {
+                    "name": node.name,
+                    "processors": node.processors,
+                    "memory": node.memory,
+                    "gpus": node.gpus if self._gpus_per_node is not None else None,
+                    "features": node.features,
+                    "cpu_map": {str(k): v for k, v in cpu_map.items()},
+                }
+            )
+            logf = await anyio.to_thread.run_sync(_open_log, request.workdir / f"{node.name}.log")
+            try:
+                proc = await anyio.open_process(
+                    request.agent_argv, env=env, stdin=None, stdout=logf, stderr=logf, start_new_session=True
+                )
+            finally:
+                logf.close()
+            procs.append(proc)
+        self._procs[native_id] = procs
+        log.info("local allocation active", id=native_id, nodes=[n.name for n in nodes])
+        return alloc
+
+    async def poll(self, allocations: Sequence[Allocation]) -> None:
+        for alloc in allocations:
+            procs = self._procs.get(alloc.native_id, [])
+            if alloc.state is AllocationState.ACTIVE and procs and all(p.returncode is not None for p in procs):
+                alloc.state = AllocationState.DONE
+                alloc.message = "all agents exited"
+
+    def agent_exit_codes(self, allocation: Allocation) -> dict[str, int | None]:
+        procs = self._procs.get(allocation.native_id, [])
+        return {f"local-{i}": p.returncode for i, p in enumerate(procs)}
+
+    async def cancel(self, allocation: Allocation) -> None:
+        procs = self._procs.get(allocation.native_id, [])
+        allocation.state = AllocationState.ENDING
+        with anyio.move_on_after(5):
+            for p in procs:
+                await p.wait()
+        for p in procs:
+            if p.returncode is None:
+                log.warning("agent did not stop, killing", pid=p.pid)
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in procs:
+            await p.wait()
+            await p.aclose()
+        allocation.state = AllocationState.DONE
+        self._procs.pop(allocation.native_id, None)
+
+
+def _opt_int(options: dict[str, Any], key: str, source: str) -> int | None:
+    value = options.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "gpus_per_node" else 1):
+        raise ConfigError(f"{source}: allocation.{key} = {value!r} must be a positive integer")
+    return value
+
+
+def _open_log(path: Path) -> BinaryIO:
+    return open(path, "ab")

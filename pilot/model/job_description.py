@@ -1,0 +1,238 @@
+"""A job as the daemon accepts it: the validated, wire-level form of a PSI/J JobSpec.
+
+The client builds the dict with :meth:`JobDescription.to_wire`; the daemon rebuilds it with
+:meth:`JobDescription.from_wire`, which treats the dict as hostile and names the field at fault.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+LAUNCHERS: Final = ("single", "multiple", "mpirun", "srun")
+_NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MAX_STR: Final = 1 << 20
+_MAX_ITEMS: Final = 1 << 16
+
+
+class DescriptionError(ValueError):
+    """A job description that can never run as given. The message names the field and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceRequest:
+    """ResourceSpecV1 resolved to what placement needs: ranks and what each rank holds."""
+
+    process_count: int = 1
+    node_count: int | None = None  # exact number of nodes, when asked
+    processes_per_node: int | None = None
+    cpu_cores_per_process: int = 1
+    gpu_cores_per_process: int = 0
+    memory_per_process: int = 0  # bytes
+    exclusive_node_use: bool = False
+
+    @property
+    def key(self) -> tuple[int, int | None, int | None, int, int, int, bool]:
+        """Jobs with equal keys are placed alike (one scheduling category)."""
+        return (
+            self.process_count,
+            self.node_count,
+            self.processes_per_node,
+            self.cpu_cores_per_process,
+            self.gpu_cores_per_process,
+            self.memory_per_process,
+            self.exclusive_node_use,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JobDescription:
+    executable: str
+    arguments: list[str] = field(default_factory=list)
+    directory: str | None = None
+    name: str | None = None
+    inherit_environment: bool = True
+    environment: dict[str, str] = field(default_factory=dict)
+    stdin_path: str | None = None
+    stdout_path: str | None = None
+    stderr_path: str | None = None
+    pre_launch: str | None = None
+    post_launch: str | None = None
+    launcher: str = "single"
+    resources: ResourceRequest = field(default_factory=ResourceRequest)
+    duration: float | None = None  # seconds of walltime
+    queue_name: str | None = None
+    project_name: str | None = None
+    reservation_id: str | None = None
+    custom_attributes: dict[str, Any] = field(default_factory=dict)
+    submit_directory: str | None = None  # the client's cwd: the default job directory
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> JobDescription:
+        if not isinstance(raw, dict):
+            raise DescriptionError("job description must be a map")
+        unknown = set(raw) - _FIELDS
+        if unknown:
+            raise DescriptionError(f"unknown job description field(s): {', '.join(sorted(map(str, unknown)))}")
+        executable = _str(raw, "executable")
+        if not executable:
+            raise DescriptionError("JobSpec.executable is required: set it to the program to run")
+        launcher = _opt_str(raw, "launcher") or "single"
+        if launcher not in LAUNCHERS:
+            raise DescriptionError(f"JobSpec.launcher {launcher!r} is not known: use one of {', '.join(LAUNCHERS)}")
+        directory = _opt_str(raw, "directory")
+        if directory is not None and not (directory.startswith("/") or directory.startswith("~/") or directory == "~"):
+            raise DescriptionError(
+                f"JobSpec.directory {directory!r} must be absolute or start with '~/' (the PSI/J rule)"
+            )
+        env = _str_map(raw, "environment")
+        for k in env:
+            if not _NAME_RE.match(k):
+                raise DescriptionError(f"JobSpec.environment name {k!r} is not a valid variable name")
+        duration = raw.get("duration")
+        if duration is not None:
+            if isinstance(duration, bool) or not isinstance(duration, int | float) or not duration > 0:
+                raise DescriptionError("JobAttributes.duration must be a positive number of seconds")
+            duration = float(duration)
+        custom = raw.get("custom_attributes") or {}
+        if not isinstance(custom, dict) or not all(isinstance(k, str) for k in custom):
+            raise DescriptionError("JobAttributes.custom_attributes must be a map with string keys")
+        return cls(
+            executable=executable,
+            arguments=_str_list(raw, "arguments"),
+            directory=directory,
+            name=_opt_str(raw, "name"),
+            inherit_environment=_bool(raw, "inherit_environment", True),
+            environment=env,
+            stdin_path=_opt_str(raw, "stdin_path"),
+            stdout_path=_opt_str(raw, "stdout_path"),
+            stderr_path=_opt_str(raw, "stderr_path"),
+            pre_launch=_opt_str(raw, "pre_launch"),
+            post_launch=_opt_str(raw, "post_launch"),
+            launcher=launcher,
+            resources=_resources(raw.get("resources")),
+            duration=duration,
+            queue_name=_opt_str(raw, "queue_name"),
+            project_name=_opt_str(raw, "project_name"),
+            reservation_id=_opt_str(raw, "reservation_id"),
+            custom_attributes=custom,
+            submit_directory=_opt_str(raw, "submit_directory"),
+        )
+
+
+_FIELDS: Final = frozenset(JobDescription.__dataclass_fields__)
+_RES_FIELDS: Final = frozenset(ResourceRequest.__dataclass_fields__)
+
+
+def _resources(raw: Any) -> ResourceRequest:
+    if raw is None:
+        return ResourceRequest()
+    if not isinstance(raw, dict):
+        raise DescriptionError("JobSpec.resources must be a map")
+    unknown = set(raw) - _RES_FIELDS
+    if unknown:
+        raise DescriptionError(f"unknown ResourceSpecV1 field(s): {', '.join(sorted(map(str, unknown)))}")
+    node_count = _opt_pos_int(raw, "node_count")
+    process_count = _opt_pos_int(raw, "process_count")
+    ppn = _opt_pos_int(raw, "processes_per_node")
+    cores = _opt_pos_int(raw, "cpu_cores_per_process") or 1
+    gpus = _opt_nonneg_int(raw, "gpu_cores_per_process") or 0
+    memory = _opt_nonneg_int(raw, "memory_per_process") or 0
+    exclusive = _bool(raw, "exclusive_node_use", False)
+    if node_count is not None and ppn is not None:
+        implied = node_count * ppn
+        if process_count is not None and process_count != implied:
+            raise DescriptionError(
+                f"ResourceSpecV1 contradicts itself: process_count={process_count} but node_count={node_count}"
+                f" x processes_per_node={ppn} = {implied}; set only two of the three"
+            )
+        process_count = implied
+    if process_count is None:
+        process_count = node_count if node_count is not None else (ppn or 1)
+    if node_count is not None and process_count < node_count:
+        raise DescriptionError(
+            f"ResourceSpecV1 asks for {node_count} nodes but only {process_count} processes; "
+            "every node needs at least one process"
+        )
+    if ppn is not None and node_count is None and process_count % ppn:
+        raise DescriptionError(
+            f"ResourceSpecV1 process_count={process_count} is not a multiple of processes_per_node={ppn}"
+        )
+    return ResourceRequest(
+        process_count=process_count,
+        node_count=node_count,
+        processes_per_node=ppn,
+        cpu_cores_per_process=cores,
+        gpu_cores_per_process=gpus,
+        memory_per_process=memory,
+        exclusive_node_use=exclusive,
+    )
+
+
+def _str(raw: dict[str, Any], name: str) -> str:
+    value = raw.get(name)
+    if not isinstance(value, str):
+        raise DescriptionError(f"JobSpec.{name} must be a string, not {type(value).__name__}")
+    if len(value) > _MAX_STR:
+        raise DescriptionError(f"JobSpec.{name} is longer than {_MAX_STR} characters")
+    return value
+
+
+def _opt_str(raw: dict[str, Any], name: str) -> str | None:
+    if raw.get(name) is None:
+        return None
+    return _str(raw, name)
+
+
+def _bool(raw: dict[str, Any], name: str, default: bool) -> bool:
+    value = raw.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise DescriptionError(f"{name} must be true or false, not {type(value).__name__}")
+    return value
+
+
+def _str_list(raw: dict[str, Any], name: str) -> list[str]:
+    value = raw.get(name) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise DescriptionError(f"JobSpec.{name} must be a list of strings")
+    if len(value) > _MAX_ITEMS:
+        raise DescriptionError(f"JobSpec.{name} has more than {_MAX_ITEMS} items")
+    return value
+
+
+def _str_map(raw: dict[str, Any], name: str) -> dict[str, str]:
+    value = raw.get(name) or {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise DescriptionError(f"JobSpec.{name} must map strings to strings")
+    if len(value) > _MAX_ITEMS:
+        raise DescriptionError(f"JobSpec.{name} has more than {_MAX_ITEMS} entries")
+    return value
+
+
+def _opt_int(raw: dict[str, Any], name: str) -> int | None:
+    value = raw.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DescriptionError(f"ResourceSpecV1.{name} must be an integer, not {type(value).__name__}")
+    return value
+
+
+def _opt_pos_int(raw: dict[str, Any], name: str) -> int | None:
+    value = _opt_int(raw, name)
+    if value is not None and value < 1:
+        raise DescriptionError(f"ResourceSpecV1.{name} must be at least 1, not {value}")
+    return value
+
+
+def _opt_nonneg_int(raw: dict[str, Any], name: str) -> int | None:
+    value = _opt_int(raw, name)
+    if value is not None and value < 0:
+        raise DescriptionError(f"ResourceSpecV1.{name} must not be negative, not {value}")
+    return value

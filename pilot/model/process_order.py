@@ -1,0 +1,85 @@
+"""What the daemon tells an agent to start: one process of a job, already placed.
+
+Launchers (in the daemon) turn a placed job into process orders; agents only spawn and watch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+from pilot import wire
+
+#: Slot numbers of the non-rank processes of a job.
+PRE: Final = -1
+POST: Final = -2
+
+ROLES: Final = ("rank", "pre", "post")
+
+
+@dataclass(slots=True)
+class ProcessOrder:
+    job_id: str
+    slot: int
+    role: str  # rank | pre | post
+    executable: str
+    arguments: list[str] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+    #: True when ``environment`` is the complete, already substituted environment (captured after pre_launch).
+    resolved_environment: bool = False
+    inherit_environment: bool = True
+    directory: str = ""
+    stdin_path: str | None = None
+    stdout_path: str | None = None
+    stderr_path: str | None = None
+    truncate_output: bool = True
+    cores: list[int] = field(default_factory=list)
+    gpus: list[int] = field(default_factory=list)
+    walltime: float | None = None
+    rank_environment: dict[str, str] = field(default_factory=dict)
+    nodefile_hosts: list[str] | None = None
+    script: str | None = None  # pre_launch / post_launch path for those roles
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> ProcessOrder:
+        if not isinstance(raw, dict):
+            raise wire.ProtocolError("process order must be a map")
+        unknown = set(raw) - _FIELDS
+        if unknown:
+            raise wire.ProtocolError(f"unknown process order field(s): {sorted(map(str, unknown))}")
+        role = wire.field(raw, "role", str)
+        if role not in ROLES:
+            raise wire.ProtocolError(f"unknown process role {role!r}")
+        env = wire.opt_field(raw, "environment", dict, {})
+        rank_env = wire.opt_field(raw, "rank_environment", dict, {})
+        for m in (env, rank_env):
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in m.items()):
+                raise wire.ProtocolError("environments must map strings to strings")
+        hosts = raw.get("nodefile_hosts")
+        return cls(
+            job_id=wire.field(raw, "job_id", str),
+            slot=wire.field(raw, "slot", int),
+            role=role,
+            executable=wire.field(raw, "executable", str),
+            arguments=wire.str_list(raw, "arguments"),
+            environment=env,
+            resolved_environment=wire.field(raw, "resolved_environment", bool),
+            inherit_environment=wire.field(raw, "inherit_environment", bool),
+            directory=wire.field(raw, "directory", str),
+            stdin_path=wire.opt_field(raw, "stdin_path", str),
+            stdout_path=wire.opt_field(raw, "stdout_path", str),
+            stderr_path=wire.opt_field(raw, "stderr_path", str),
+            truncate_output=wire.field(raw, "truncate_output", bool),
+            cores=wire.int_list(raw, "cores"),
+            gpus=wire.int_list(raw, "gpus"),
+            walltime=wire.opt_field(raw, "walltime", (int, float)),
+            rank_environment=rank_env,
+            nodefile_hosts=None if hosts is None else wire.str_list(raw, "nodefile_hosts"),
+            script=wire.opt_field(raw, "script", str),
+        )
+
+
+_FIELDS: Final = frozenset(ProcessOrder.__dataclass_fields__)

@@ -1,0 +1,104 @@
+"""The run directory: where a daemon keeps its addresses, pid, lock and logs, and how others find it.
+
+Default root is ``$PILOT_HOME``, else ``~/.local/state/pilot``; each pilot has ``<root>/<name>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+INFO_FILE = "pilot.json"
+_SUN_PATH_MAX = 100  # sockaddr_un.sun_path is 108 bytes with the terminator; keep a margin
+
+
+def root() -> Path:
+    home = os.environ.get("PILOT_HOME")
+    return Path(home) if home else Path.home() / ".local" / "state" / "pilot"
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    path: Path
+
+    @classmethod
+    def named(cls, name: str = "default", *, base: Path | None = None) -> RunDir:
+        return cls((base or root()) / name)
+
+    @property
+    def info_file(self) -> Path:
+        return self.path / INFO_FILE
+
+    @property
+    def log_file(self) -> Path:
+        return self.path / "daemon.log"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / "pilot.lock"
+
+    @property
+    def agents_dir(self) -> Path:
+        return self.path / "agents"
+
+    def socket_dir(self) -> Path:
+        """Where ipc sockets go: the run dir, or a private short path when the run dir's is too long."""
+        if len(str(self.path / "client.sock")) < _SUN_PATH_MAX:
+            return self.path
+        digest = hashlib.sha1(str(self.path.resolve()).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"pilot-{os.getuid()}-{digest}"
+
+    def create(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.path, 0o700)
+        self.agents_dir.mkdir(exist_ok=True, mode=0o700)
+        sd = self.socket_dir()
+        sd.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(sd, 0o700)
+
+    def write_info(self, info: dict[str, Any]) -> None:
+        tmp = self.info_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(info, f, indent=2)
+        os.replace(tmp, self.info_file)
+
+    def read_info(self) -> dict[str, Any] | None:
+        """The running daemon's info, or None when there is none (stale files are ignored)."""
+        try:
+            info = json.loads(self.info_file.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(info, dict) or not isinstance(info.get("pid"), int):
+            return None
+        if not pid_alive(info["pid"]):
+            return None
+        return info
+
+    def remove_info(self) -> None:
+        for p in (self.info_file, self.socket_dir() / "client.sock", self.socket_dir() / "agent.sock"):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+        sd = self.socket_dir()
+        if sd != self.path:
+            try:
+                sd.rmdir()
+            except OSError:
+                pass
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

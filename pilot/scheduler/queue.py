@@ -1,0 +1,64 @@
+"""The queue of jobs waiting for slots, grouped into categories of identical requests.
+
+When the head of a category does not fit, nothing behind it in that category can either, so a
+scheduling pass costs O(placements + categories), not O(queue length).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Hashable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class JobQueue(Generic[T]):
+    def __init__(self, *, key: Callable[[T], Hashable], alive: Callable[[T], bool]) -> None:
+        self._key = key
+        self._alive = alive
+        self._categories: dict[Hashable, deque[tuple[int, T]]] = {}
+        self._seq = 0
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def push(self, item: T) -> None:
+        self._seq += 1
+        self._categories.setdefault(self._key(item), deque()).append((self._seq, item))
+        self._len += 1
+
+    def drop(self) -> None:
+        """Account for one item that left the queue without being popped (e.g. cancelled)."""
+        self._len -= 1
+
+    def heads(self) -> Iterator[tuple[Hashable, T]]:
+        """Live category heads, oldest first. Dead items at a head are discarded on the way."""
+        order = []
+        for key, dq in list(self._categories.items()):
+            while dq and not self._alive(dq[0][1]):
+                dq.popleft()
+            if not dq:
+                del self._categories[key]
+                continue
+            order.append((dq[0][0], key))
+        order.sort()
+        for _, key in order:
+            head = self._categories.get(key)
+            if head:
+                yield key, head[0][1]
+
+    def pop_head(self, key: Hashable) -> T:
+        dq = self._categories[key]
+        _, item = dq.popleft()
+        self._len -= 1
+        while dq and not self._alive(dq[0][1]):
+            dq.popleft()
+        if not dq:
+            del self._categories[key]
+        return item
+
+    def peek(self, key: Hashable) -> T | None:
+        dq = self._categories.get(key)
+        return dq[0][1] if dq else None

@@ -1,0 +1,134 @@
+"""The wire protocol shared by daemon, agents and clients.
+
+Every ZeroMQ payload frame is one msgpack array ``[version, kind, body]``. Bodies carry lists so that
+every hop batches. Frames come from untrusted peers: :func:`decode` checks size, version, kind and
+shape and raises :class:`ProtocolError` with a reason; callers log and drop, never crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgpack
+
+PROTOCOL_VERSION: Final = 1
+#: Largest frame any socket accepts. Also set as ZMQ_MAXMSGSIZE so zmq drops bigger ones unread.
+MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+
+
+class Kind:
+    """Message kinds. Requests from a client carry ``rid``; the reply echoes it."""
+
+    # client -> daemon
+    HELLO: Final = "hello"
+    SUBMIT: Final = "submit"
+    CANCEL: Final = "cancel"
+    ATTACH: Final = "attach"
+    LIST: Final = "list"
+    STATUS: Final = "status"
+    SHUTDOWN: Final = "shutdown"
+    # daemon -> client
+    REPLY: Final = "reply"
+    EVENTS: Final = "events"
+    # agent -> daemon
+    REGISTER: Final = "register"
+    HEARTBEAT: Final = "heartbeat"
+    TASK_EVENTS: Final = "task_events"
+    BYE: Final = "bye"
+    # daemon -> agent
+    REGISTERED: Final = "registered"
+    LAUNCH: Final = "launch"
+    KILL: Final = "kill"
+    STOP: Final = "stop"
+
+
+CLIENT_KINDS: Final = frozenset(
+    {Kind.HELLO, Kind.SUBMIT, Kind.CANCEL, Kind.ATTACH, Kind.LIST, Kind.STATUS, Kind.SHUTDOWN}
+)
+AGENT_KINDS: Final = frozenset({Kind.REGISTER, Kind.HEARTBEAT, Kind.TASK_EVENTS, Kind.BYE})
+TO_CLIENT_KINDS: Final = frozenset({Kind.REPLY, Kind.EVENTS})
+TO_AGENT_KINDS: Final = frozenset({Kind.REGISTERED, Kind.LAUNCH, Kind.KILL, Kind.STOP})
+
+
+class ProtocolError(ValueError):
+    """A frame or field that does not follow the protocol; the message says what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    kind: str
+    body: dict[str, Any]
+
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def encode(kind: str, body: Mapping[str, Any]) -> bytes:
+    frame: bytes = _packer.pack([PROTOCOL_VERSION, kind, body])
+    return frame
+
+
+def decode(frame: bytes, *, allowed: frozenset[str], max_bytes: int = MAX_FRAME_BYTES) -> Message:
+    """Decode one frame from an untrusted peer, accepting only the ``allowed`` kinds."""
+    if len(frame) > max_bytes:
+        raise ProtocolError(f"frame of {len(frame)} bytes exceeds the limit of {max_bytes}")
+    try:
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(f"not a msgpack frame: {type(exc).__name__}: {exc}") from None
+    if not isinstance(obj, list) or len(obj) != 3:
+        raise ProtocolError("frame is not a [version, kind, body] array")
+    version, kind, body = obj
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r} is not supported (this side speaks {PROTOCOL_VERSION})")
+    if not isinstance(kind, str) or kind not in allowed:
+        raise ProtocolError(f"unknown message kind {kind!r}")
+    if not isinstance(body, dict):
+        raise ProtocolError(f"body of {kind!r} is not a map")
+    return Message(kind, body)
+
+
+# -- typed field access for bodies from untrusted peers ---------------------------------------
+
+
+def field(body: Mapping[str, Any], name: str, typ: type[Any] | tuple[type[Any], ...]) -> Any:
+    """Required field of the given type (bool is not accepted where int is asked)."""
+    if name not in body:
+        raise ProtocolError(f"missing field {name!r}")
+    return _check(name, body[name], typ)
+
+
+def opt_field(body: Mapping[str, Any], name: str, typ: type[Any] | tuple[type[Any], ...], default: Any = None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    return _check(name, value, typ)
+
+
+def _check(name: str, value: Any, typ: type[Any] | tuple[type[Any], ...]) -> Any:
+    types = typ if isinstance(typ, tuple) else (typ,)
+    if isinstance(value, bool) and bool not in types:
+        raise ProtocolError(f"field {name!r} must be {_names(types)}, not a boolean")
+    if not isinstance(value, types):
+        raise ProtocolError(f"field {name!r} must be {_names(types)}, not {type(value).__name__}")
+    return value
+
+
+def _names(types: tuple[type[Any], ...]) -> str:
+    return " or ".join(t.__name__ for t in types)
+
+
+def str_list(body: Mapping[str, Any], name: str) -> list[str]:
+    value = field(body, name, list)
+    if not all(isinstance(v, str) for v in value):
+        raise ProtocolError(f"field {name!r} must be a list of strings")
+    return list(value)
+
+
+def int_list(body: Mapping[str, Any], name: str) -> list[int]:
+    value = field(body, name, list)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ProtocolError(f"field {name!r} must be a list of integers")
+    return list(value)
