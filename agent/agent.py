@@ -151,7 +151,10 @@ class Agent:
             await self._until(lambda: not self._engine.busy())
         for key in self._engine.running():
             self._engine.kill(key, reason=reason, sig=signal.SIGKILL)
-        await self._until(lambda: not self._engine.busy())
+        with anyio.move_on_after(max(5.0, self._kill_grace)) as scope:
+            await self._until(lambda: not self._engine.busy())
+        if scope.cancelled_caught:
+            log.error("processes still unreaped after SIGKILL; exiting anyway", node=self.node.name)
         await self._flush()
         self._done.set()
 

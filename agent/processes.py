@@ -8,6 +8,7 @@ hand events to the loop through a list and a self-pipe, so a burst of exits cost
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import SimpleQueue
-from typing import IO, Any, Final
+from typing import Any, Final
 
 import psutil
 import structlog
@@ -31,7 +32,7 @@ log = structlog.get_logger("agent.processes")
 Key = tuple[str, int]
 
 #: Sourced by the pre process: the script's exports are captured NUL-separated for the ranks.
-_PRE_SCRIPT: Final = '. "$1" || exit $?\nexec env -0 > "$2"'
+_PRE_SCRIPT: Final = 'if [ -n "$1" ]; then . "$1" || exit $?; fi\nexec env -0 > "$2"'
 _POST_SCRIPT: Final = '. "$1"'
 
 
@@ -204,15 +205,16 @@ class ProcessEngine:
                 inherit=order.inherit_environment, base=self._base_env, job=order.environment, extra=extra
             )
         env_file = None
+        script = os.path.join(cwd, os.path.expanduser(order.script)) if order.script else ""
         if order.role == "rank":
             argv = [environment.substitute(order.executable, env)]
             argv += [environment.substitute(a, env) for a in order.arguments]
         elif order.role == "pre":
             env_file = str(self._workdir / f"pre-{order.job_id}.env")
-            argv = ["/bin/sh", "-c", _PRE_SCRIPT, "pilot-pre", order.script or "", env_file]
+            argv = ["/bin/sh", "-c", _PRE_SCRIPT, "pilot-pre", script, env_file]
         else:
-            argv = ["/bin/sh", "-c", _POST_SCRIPT, "pilot-post", order.script or ""]
-        files: list[IO[bytes]] = []
+            argv = ["/bin/sh", "-c", _POST_SCRIPT, "pilot-post", script]
+        files: list[int] = []
         try:
             stdin = self._open(order.stdin_path, cwd, "rb", files, "stdin_path")
             mode = "wb" if order.truncate_output else "ab"
@@ -248,8 +250,8 @@ class ProcessEngine:
             )
             return
         finally:
-            for f in files:
-                f.close()
+            for fd in set(files):
+                os.close(fd)
         run = Running(order, popen, t0, m0, env_file)
         with self._lock:
             self._by_pid[popen.pid] = run
@@ -260,16 +262,21 @@ class ProcessEngine:
         if early is not None:
             self._finish(popen.pid, *early)
 
-    def _open(self, path: str | None, cwd: str, mode: str, files: list[IO[bytes]], what: str) -> Any:
+    def _open(self, path: str | None, cwd: str, mode: str, files: list[int], what: str) -> int:
+        """Open a task's stream file. Non-blocking, so a FIFO without a peer cannot wedge the spawner
+        (reading one with no writer gives EOF; writing one with no reader fails clearly)."""
         if path is None:
             return subprocess.DEVNULL
         full = os.path.join(cwd, os.path.expanduser(path))
+        flags = _MODES[mode] | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            f = open(full, mode)
+            fd = os.open(full, flags, 0o666)
         except OSError as exc:
-            raise _OpenError(f"cannot open {what} {full!r}: {exc.strerror}") from None
-        files.append(f)
-        return f
+            hint = " (a FIFO with no reader)" if exc.errno == errno.ENXIO else ""
+            raise _OpenError(f"cannot open {what} {full!r}: {exc.strerror}{hint}") from None
+        os.set_blocking(fd, True)
+        files.append(fd)
+        return fd
 
     def _explain(self, exc: OSError, argv: list[str], cwd: str, env: dict[str, str]) -> str:
         node = self._node.name
@@ -340,6 +347,13 @@ class ProcessEngine:
         with self._lock:
             self._events.append(event)
         self._notify()
+
+
+_MODES: Final = {
+    "rb": os.O_RDONLY,
+    "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+}
 
 
 class _OpenError(Exception):

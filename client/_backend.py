@@ -16,6 +16,8 @@ from client._connection import Connection, StatusSink
 from client.exceptions import InvalidJobException, SubmitException
 from pilot import wire
 
+_FINAL = ("COMPLETED", "FAILED", "CANCELED")
+
 
 class Backend:
     def __init__(self, url: str | None) -> None:
@@ -27,6 +29,8 @@ class Backend:
 
     @property
     def connection(self) -> Connection:
+        if self._closed:
+            raise SubmitException("this executor is closed; create a new one", transient=False)
         conn = self._conn
         if conn is not None and not conn._closed:
             return conn
@@ -73,6 +77,9 @@ class Backend:
         def on_reply(body: dict[str, Any]) -> None:
             results = body.get("results")
             if isinstance(results, list) and results and isinstance(results[0], dict) and "status" in results[0]:
+                status = results[0]["status"]
+                if isinstance(status, list) and len(status) > 1 and status[1] in _FINAL:
+                    return  # no event will follow: a sink would never be removed
                 conn.subscribe(native_id, sink)
 
         result = _first(conn.request(wire.Kind.ATTACH, {"ids": [native_id]}, on_reply=on_reply))

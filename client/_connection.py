@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import structlog
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from client.exceptions import SubmitException
 from pilot import wire
@@ -26,13 +27,17 @@ log = structlog.get_logger("client")
 StatusSink = Callable[[list[Any]], None]
 OnReply = Callable[[dict[str, Any]], None]
 
+#: After the daemon's socket goes away, how long a reconnect may take before requests fail (transient).
+RECONNECT_GRACE = 2.0
+
 
 class _Pending:
-    __slots__ = ("body", "done", "on_reply")
+    __slots__ = ("body", "done", "lost", "on_reply")
 
     def __init__(self, on_reply: OnReply | None) -> None:
         self.done = threading.Event()
         self.body: dict[str, Any] | None = None
+        self.lost: str | None = None  # set instead of body when the daemon went away
         self.on_reply = on_reply
 
 
@@ -100,6 +105,8 @@ class Connection:
                 f"the pilot at {self.url} did not answer within {timeout:g} s; is it running? ('pilot status')",
                 transient=True,
             )
+        if pending.lost is not None:
+            raise SubmitException(pending.lost, transient=True)
         assert pending.body is not None
         return pending.body
 
@@ -132,13 +139,26 @@ class Connection:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        # Watch the connection: a daemon that is gone fails pending requests fast instead of at their timeout.
+        mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sock.connect(self.url)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._rfd, zmq.POLLIN)
+        poller.register(mon, zmq.POLLIN)
+        down_since: float | None = None
         try:
             while not self._closed:
-                ready = dict(poller.poll(1000))
+                ready = dict(poller.poll(1000 if down_since is None else 100))
+                if mon in ready:
+                    while mon.poll(0):
+                        event = recv_monitor_message(mon)["event"]
+                        if event == zmq.EVENT_CONNECTED:
+                            down_since = None
+                        elif event == zmq.EVENT_DISCONNECTED and down_since is None:
+                            down_since = time.monotonic()
+                if down_since is not None and time.monotonic() - down_since > RECONNECT_GRACE:
+                    self._fail_pending(f"the pilot at {self.url} went away; is it running? ('pilot status')")
                 if self._rfd in ready:
                     os.read(self._rfd, 65536)
                     with self._lock:
@@ -148,7 +168,17 @@ class Connection:
                 if sock in ready:
                     self._receive(sock)
         finally:
+            sock.disable_monitor()
+            mon.close(linger=0)
             sock.close(linger=0)
+
+    def _fail_pending(self, message: str) -> None:
+        with self._lock:
+            pending, self._pending = list(self._pending.values()), {}
+            self._outbox = []  # not sent: a daemon that comes back must not run what the caller saw fail
+        for p in pending:
+            p.lost = message
+            p.done.set()
 
     def _receive(self, sock: zmq.Socket[bytes]) -> None:
         statuses: list[list[Any]] = []

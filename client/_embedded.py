@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -72,6 +73,9 @@ class EmbeddedPilot:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if proc.returncode == 0:
+            # A clean stop leaves nothing worth keeping; a failed one keeps its logs for the user.
+            shutil.rmtree(self.rundir.path, ignore_errors=True)
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -1,8 +1,23 @@
-"""The ``pilot`` executor for psij-python 0.9.11: psij's Job objects, our daemon behind them."""
+"""The ``pilot`` executor for psij-python 0.9.11: psij's Job objects, our daemon behind them.
+
+Registered by ``psij-descriptors/pilot_descriptor.py``; psij-python loads ``client/psij_executor.py``
+(a shim re-exporting this class) by path. ``get_instance('pilot', url=...)`` takes what our own
+``JobExecutor`` takes: an ``ipc://``/``tcp://`` address, a run directory, or nothing (the running
+default pilot, else an embedded one configured by ``PILOT_CONFIG``).
+
+Statuses of one job reach psij from two threads (``submit``/``attach`` in the caller's, the rest on
+the connection's dispatch thread). psij's ``Job.status`` setter checks and assigns in two separate
+critical sections, so concurrent setters could move a job backwards (a late QUEUED over COMPLETED) or
+from one final state to another. Every status therefore goes through a per-job feed that one thread
+at a time drains in order, with no lock held while psij runs the user's callbacks.
+"""
 
 from __future__ import annotations
 
 import builtins
+import threading
+import weakref
+from collections import deque
 from typing import Any
 
 import psij
@@ -15,16 +30,16 @@ from client.exceptions import InvalidJobException, SubmitException
 class PilotJobExecutor(psij.JobExecutor):
     def __init__(self, url: str | None = None, config: psij.JobExecutorConfig | None = None) -> None:
         super().__init__(url=url, config=config or psij.JobExecutorConfig())
-        self._backend = Backend(url)
+        self._backend = Backend(url)  # connects on first use: psij's suite builds every executor at collection
 
     def submit(self, job: psij.Job) -> None:
-        spec = self._check_job(job)
+        spec = self._check_job(job)  # NEW, has a spec, no executor yet; sets job.executor
         try:
             description = spec_to_wire(spec)
 
-            def on_id(native_id: str) -> None:
+            def on_id(native_id: str) -> None:  # on the I/O thread, before any status of the job
                 job._native_id = native_id
-                self._backend.connection.subscribe(native_id, lambda s: self._apply(job, s))
+                self._backend.connection.subscribe(native_id, lambda raw: self._apply(job, raw))
 
             t = self._backend.submit(description, on_id)
         except InvalidJobException as exc:
@@ -33,13 +48,16 @@ class PilotJobExecutor(psij.JobExecutor):
         except SubmitException as exc:
             job.executor = None
             raise psij.SubmitException(exc.message, transient=exc.transient) from None
-        self._set_job_status(job, psij.JobStatus(psij.JobState.QUEUED, time=t))
+        except BaseException:
+            job.executor = None
+            raise
+        self._deliver(job, psij.JobStatus(psij.JobState.QUEUED, time=t, metadata={"nativeId": job.native_id}))
 
     def cancel(self, job: psij.Job) -> None:
-        if job.native_id is None:
-            raise psij.InvalidJobException("the job was never submitted")
         if job.status.final:
             return
+        if job.native_id is None:
+            raise psij.SubmitException(f"cannot cancel job {job.id}: it was never submitted")
         try:
             self._backend.cancel(job.native_id)
         except SubmitException as exc:
@@ -52,26 +70,80 @@ class PilotJobExecutor(psij.JobExecutor):
             raise psij.SubmitException(exc.message, transient=exc.transient) from None
 
     def attach(self, job: psij.Job, native_id: str) -> None:
+        if job.status.state != psij.JobState.NEW:
+            raise psij.InvalidJobException(f"job {job.id} is {job.status.state}; attach needs a NEW job")
         job.executor = self
         job._native_id = str(native_id)
         try:
-            status = self._backend.attach(str(native_id), lambda s: self._apply(job, s))
+            status = self._backend.attach(str(native_id), lambda raw: self._apply(job, raw))
         except InvalidJobException as exc:
+            job.executor = None
+            job._native_id = None
             raise psij.InvalidJobException(exc.message) from None
         except SubmitException as exc:
+            job.executor = None
+            job._native_id = None
             raise psij.SubmitException(exc.message, transient=exc.transient) from None
         self._apply(job, status)
 
     def close(self) -> None:
+        """Done with this executor (beyond psij's API): the last user of an embedded pilot stops it."""
         self._backend.close()
 
     def _apply(self, job: psij.Job, raw: builtins.list[Any]) -> None:
-        _, state, t, exit_code, message, metadata = raw
         try:
+            _, state, t, exit_code, message, metadata = raw
             st = psij.JobState[state]
-        except KeyError:
+            status = psij.JobStatus(
+                st,
+                time=float(t) if isinstance(t, int | float) else None,
+                message=message,
+                exit_code=exit_code,
+                metadata=metadata,
+            )
+        except (KeyError, ValueError, TypeError):
             return
-        current = job.status
-        if current.final:
-            return  # psij-python does not stop a second final state; we must
-        self._set_job_status(job, psij.JobStatus(st, time=t, message=message, exit_code=exit_code, metadata=metadata))
+        self._deliver(job, status)
+
+    def _deliver(self, job: psij.Job, status: psij.JobStatus) -> None:
+        feed = _feed(job)
+        with feed.lock:
+            feed.pending.append(status)
+            if feed.draining:
+                return  # the thread draining this job's feed applies it, in order
+            feed.draining = True
+        try:
+            while True:
+                with feed.lock:
+                    if not feed.pending:
+                        feed.draining = False
+                        return
+                    nxt = feed.pending.popleft()
+                # psij-python lets a final state be overwritten by another one; we must not.
+                if not job.status.final:
+                    self._set_job_status(job, nxt)
+        except BaseException:
+            with feed.lock:
+                feed.draining = False
+            raise
+
+
+class _Feed:
+    __slots__ = ("draining", "lock", "pending")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pending: deque[psij.JobStatus] = deque()
+        self.draining = False
+
+
+_feeds: weakref.WeakKeyDictionary[psij.Job, _Feed] = weakref.WeakKeyDictionary()
+_feeds_lock = threading.Lock()
+
+
+def _feed(job: psij.Job) -> _Feed:
+    with _feeds_lock:
+        feed = _feeds.get(job)
+        if feed is None:
+            feed = _feeds[job] = _Feed()
+        return feed

@@ -8,12 +8,16 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from client.job_spec import JobSpec
 from client.job_status import JobStatus
 from pilot.model.job_state import JobState, states_between
 
 if TYPE_CHECKING:
     from client.job_executor import JobExecutor
+
+log = structlog.get_logger("client")
 
 JobStatusCallback = Callable[["Job", JobStatus], None]
 
@@ -26,6 +30,8 @@ class Job:
         self._status = JobStatus(JobState.NEW)
         self._cv = threading.Condition()
         self._callback: JobStatusCallback | None = None
+        self._to_fire: list[JobStatus] = []  # entered, not yet given to the callbacks
+        self._firing = False
         self.executor: JobExecutor | None = None
 
     @property
@@ -95,16 +101,39 @@ class Job:
         return entered
 
     def _fire(self, entered: list[JobStatus]) -> None:
+        """Run the callbacks; one that raises is logged and does not stop the others (nor ``submit``)."""
         cb = self._callback
         executor = self.executor
         for status in entered:
             if cb is not None:
-                cb(self, status)
+                try:
+                    cb(self, status)
+                except Exception:
+                    log.exception("job status callback failed", job=self._native_id, state=str(status.state))
             if executor is not None:
-                executor._notify_callback(self, status)
+                try:
+                    executor._notify_callback(self, status)
+                except Exception:
+                    log.exception("executor status callback failed", job=self._native_id, state=str(status.state))
 
     def _set_status(self, status: JobStatus) -> None:
-        self._fire(self._update(status))
+        """Apply ``status`` and run the callbacks for every state entered, strictly in order: statuses
+        arrive on two threads (QUEUED on the submitting one, the rest on the dispatch thread), so one
+        thread at a time fires what is queued and the other leaves its states to it. No lock is held
+        while a callback runs (a callback may call ``wait``)."""
+        with self._cv:
+            self._to_fire.extend(self._update(status))
+        while True:
+            with self._cv:
+                if self._firing or not self._to_fire:
+                    return
+                batch, self._to_fire = self._to_fire, []
+                self._firing = True
+            try:
+                self._fire(batch)
+            finally:
+                with self._cv:
+                    self._firing = False
 
     def __repr__(self) -> str:
         return f"Job[id={self._id}, native_id={self._native_id}, {self._status}]"

@@ -80,7 +80,10 @@ def _up(args: argparse.Namespace) -> None:
         sys.exit(1)
     from pilot import lrm
 
-    lrm.create(cfg.allocation.lrm, options=cfg.allocation.options, source=cfg.source)  # validate before forking
+    # Validate before forking, so a bad config fails here with exit code 2, not in the daemon's log.
+    lrm.create(cfg.allocation.lrm, options=cfg.allocation.options, source=cfg.source).validate(
+        nodes=cfg.allocation.nodes
+    )
     rundir.create()
     cmd = [sys.executable, "-m", "pilot", "up", "--foreground", "--rundir", str(rundir.path)]
     if args.config:
@@ -227,6 +230,7 @@ def _run(args: argparse.Namespace) -> None:
     t_start = time.monotonic()
     with psij.JobExecutor.get_instance("pilot", url=args.url) as ex:
         ex.set_job_status_callback(on_status)
+        ex.list()  # connects (starting the embedded pilot if none runs) so start-up is timed apart
         t0 = time.monotonic()
         bar = tqdm(total=n, desc="tasks", unit="task", file=sys.stderr, mininterval=0.2)
         for _ in range(n):

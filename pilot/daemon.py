@@ -318,6 +318,9 @@ class Daemon:
             node = NodeConfigured.from_wire(wire.field(msg.body, "node", dict))
             if node.name != name:
                 raise wire.ProtocolError(f"agent {name!r} registers as {node.name!r}")
+            expected = self.allocation.expected_nodes if self.allocation is not None else []
+            if expected and name not in {n.name for n in expected}:
+                raise wire.ProtocolError(f"agent {name!r} is not a node of this allocation")
             running = wire.field(msg.body, "running", list)
             if agent is not None and agent.state == "active":
                 agent.last_seen = time.monotonic()
@@ -332,6 +335,11 @@ class Daemon:
                     wire.encode(wire.Kind.REGISTERED, {"heartbeat_interval": self.config.pilot.heartbeat_interval}),
                 ]
             )
+            if self._stopping:
+                # Registered after the pilot began stopping: it missed the STOP the others got.
+                await self._agents_sock.send_multipart(
+                    [ident_of(name), wire.encode(wire.Kind.STOP, {"reason": "pilot stopped"})]
+                )
         elif agent is None or agent.state != "active":
             await self._agents_sock.send_multipart([ident_of(name), wire.encode(wire.Kind.HEARTBEAT, {"known": False})])
         elif msg.kind == wire.Kind.HEARTBEAT:
@@ -458,7 +466,15 @@ class Daemon:
         )
         for p in plans:
             p.order.truncate_output = False
+            p.order.walltime = self._walltime_left(job)
             self._dispatch(job, p)
+
+    def _walltime_left(self, job: JobRecord) -> float | None:
+        """JobAttributes.duration bounds the whole job (pre_launch, ranks, post_launch), not each process."""
+        duration = job.description.duration
+        if duration is None or job.started is None:
+            return duration
+        return max(0.001, duration - (time.time() - job.started))
 
     def _hook_order(self, job: JobRecord, slot: int, role: str, script: str | None, *, truncate: bool) -> ProcessOrder:
         d = job.description
@@ -475,7 +491,7 @@ class Daemon:
             stdout_path=d.stdout_path,
             stderr_path=d.stderr_path,
             truncate_output=truncate,
-            walltime=d.duration,
+            walltime=self._walltime_left(job),
             rank_environment={"PILOT_JOB_ID": job.id, "PILOT_SIZE": str(len(job.ranks))},
             nodefile_hosts=self._hosts(job),
             script=script,
@@ -578,7 +594,8 @@ class Daemon:
         causes = [(s, r) for s, r in bad if r.reason is None or r.reason == "walltime"] or bad
         slot, r = causes[0]
         code = r.exit_code if r.exit_code is not None else (-r.signal if r.signal else None)
-        what = {"pre": f"pre_launch script {d.pre_launch!r}", "post": f"post_launch script {d.post_launch!r}"}.get(
+        pre = f"pre_launch script {d.pre_launch!r}" if d.pre_launch else "the launch preparation (output files)"
+        what = {"pre": pre, "post": f"post_launch script {d.post_launch!r}"}.get(
             r.role, f"rank {slot}" if len(job.ranks) > 1 or slot else "the process"
         )
         if r.reason == "walltime":
@@ -607,6 +624,12 @@ class Daemon:
         wall = max(0.0, (job.ended or 0) - job.started) if job.started is not None else 0.0
         processors = sum(len(r.cores) for r in job.ranks)
         signals = [r.signal for r in job.results.values() if r.signal]
+        # The signal of the process that decided the outcome (a rank killed because another failed is
+        # not it); when no process decided it (canceled, node lost), the first one seen.
+        if exit_code is not None:
+            signal: int | None = -exit_code if exit_code < 0 else None
+        else:
+            signal = signals[0] if signals else None
         return {
             "wall_duration": wall,
             "user_cpu_time": user,
@@ -616,9 +639,9 @@ class Daemon:
             "gpus": sum(len(r.gpus) for r in job.ranks),
             "consumption_rate": (user + system) / (wall * processors) if wall > 0 and processors else 0.0,
             "nodes": sorted({r.node for r in job.ranks}),
-            "processes": len(ranks),
+            "processes": sum(1 for slot in job.results if slot >= 0),
             "exit_code": exit_code,
-            "signal": signals[0] if signals else None,
+            "signal": signal,
         }
 
     def _set_state(

@@ -81,7 +81,7 @@ def decode(frame: bytes, *, allowed: frozenset[str], max_bytes: int = MAX_FRAME_
     if not isinstance(obj, list) or len(obj) != 3:
         raise ProtocolError("frame is not a [version, kind, body] array")
     version, kind, body = obj
-    if version != PROTOCOL_VERSION:
+    if type(version) is not int or version != PROTOCOL_VERSION:  # True and 1.0 compare equal to 1
         raise ProtocolError(f"protocol version {version!r} is not supported (this side speaks {PROTOCOL_VERSION})")
     if not isinstance(kind, str) or kind not in allowed:
         raise ProtocolError(f"unknown message kind {kind!r}")

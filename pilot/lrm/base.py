@@ -76,6 +76,9 @@ class LrmExecutor(ABC):
         self.options = options
         self.source = source
 
+    def validate(self, *, nodes: int) -> None:
+        """Raise ConfigError for a request this LRM can never satisfy, before anything is started."""
+
     @abstractmethod
     async def submit(self, request: AllocationRequest) -> Allocation:
         """Ask for the allocation; returns at once with its native id and first state."""

@@ -55,6 +55,9 @@ class LocalExecutor(LrmExecutor):
         self._procs: dict[str, list[anyio.abc.Process]] = {}
         self.cpu_maps: list[dict[int, int]] = []
 
+    def validate(self, *, nodes: int) -> None:
+        self.node_layout(nodes)
+
     def node_layout(self, count: int) -> list[NodeConfigured]:
         cpus = sorted(os.sched_getaffinity(0))
         hostname = socket.gethostname()

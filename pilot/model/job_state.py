@@ -50,5 +50,9 @@ PATH: tuple[JobState, ...] = (JobState.NEW, JobState.QUEUED, JobState.ACTIVE)
 
 
 def states_between(old: JobState, new: JobState) -> list[JobState]:
-    """The skipped states a client must fire between ``old`` and ``new`` (exclusive)."""
-    return [s for s in PATH if old.order < s.order < new.order]
+    """The skipped states a client must fire between ``old`` and ``new`` (exclusive): only those every
+    path to ``new`` goes through. COMPLETED is reached only through ACTIVE; FAILED and CANCELED also
+    straight from QUEUED (a job canceled while queued never ran), so ACTIVE is not made up for them
+    (as psij-python's ``JobStateOrder.prev``)."""
+    path = PATH if new is JobState.COMPLETED or not new.final else PATH[:2]
+    return [s for s in path if old.order < s.order < new.order]

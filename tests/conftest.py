@@ -1,0 +1,127 @@
+"""Fixtures that start real pilot daemons (real agents, real processes, real ZeroMQ sockets)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+import client as psij
+from pilot.rundir import RunDir
+
+PYTHON = sys.executable
+
+
+@dataclass
+class Pilot:
+    """A daemon started with ``pilot up`` in its own run directory."""
+
+    rundir: RunDir
+    config: Path
+    env: dict[str, str]
+    executors: list[psij.JobExecutor] = field(default_factory=list)
+
+    @property
+    def info(self) -> dict[str, object]:
+        info = self.rundir.read_info()
+        assert info is not None, f"no pilot running in {self.rundir.path}"
+        return info
+
+    @property
+    def pid(self) -> int:
+        return int(self.info["pid"])  # type: ignore[call-overload]
+
+    def executor(self) -> psij.JobExecutor:
+        ex = psij.JobExecutor.get_instance("pilot", url=str(self.rundir.path))
+        self.executors.append(ex)
+        return ex
+
+    def cli(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PYTHON, "-m", "pilot", *args, "--rundir", str(self.rundir.path)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+        )
+
+    def status(self) -> dict[str, object]:
+        return self.executor().pilot_status()
+
+
+@pytest.fixture
+def pilot_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "ph"
+    home.mkdir()
+    monkeypatch.setenv("PILOT_HOME", str(home))
+    monkeypatch.delenv("PILOT_CONFIG", raising=False)
+    return home
+
+
+@pytest.fixture
+def start_pilot(pilot_home: Path, tmp_path: Path) -> Iterator[Callable[..., Pilot]]:
+    """``start_pilot(config_toml_text, name=...)`` -> a running Pilot; all are stopped afterwards and
+    the test fails if any of their processes (daemon, agents, tasks) is left behind."""
+    started: list[Pilot] = []
+
+    def start(config: str = "", *, name: str = "p") -> Pilot:
+        cfg = tmp_path / f"{name}.toml"
+        cfg.write_text(textwrap.dedent(config) or '[allocation]\nlrm = "local"\nnodes = 1\n')
+        rundir = RunDir(pilot_home / name)
+        env = dict(os.environ)
+        proc = subprocess.run(
+            [PYTHON, "-m", "pilot", "up", "--config", str(cfg), "--rundir", str(rundir.path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, f"pilot up failed: {proc.stdout}\n{proc.stderr}"
+        p = Pilot(rundir=rundir, config=cfg, env=env)
+        started.append(p)
+        return p
+
+    yield start
+
+    for p in started:
+        for ex in p.executors:
+            ex.close()
+        info = p.rundir.read_info()
+        if info is None:
+            continue
+        pid = int(info["pid"])
+        try:
+            tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        p.cli("down", check=False)
+        alive = _running(tree, timeout=20)
+        for proc in alive:
+            proc.kill()
+        assert not alive, f"processes left running after 'pilot down': {alive}"
+
+
+def _running(procs: list[psutil.Process], *, timeout: float) -> list[psutil.Process]:
+    """Those of ``procs`` still running after ``timeout``; a zombie (exited, its reaper is init) counts as gone."""
+
+    def gone(proc: psutil.Process) -> bool:
+        try:
+            return proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    _, alive = psutil.wait_procs([p for p in procs if not gone(p)], timeout=0)
+    deadline = time.monotonic() + timeout
+    while alive and time.monotonic() < deadline:
+        _, alive = psutil.wait_procs(alive, timeout=0.05)
+        alive = [p for p in alive if not gone(p)]
+    return alive
