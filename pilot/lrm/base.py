@@ -77,7 +77,9 @@ class LrmExecutor(ABC):
         self.source = source
 
     def validate(self, *, nodes: int) -> None:
-        """Raise ConfigError for a request this LRM can never satisfy, before anything is started."""
+        """Raise ConfigError for a request this LRM can never satisfy, before anything is started.
+        Most batch systems only answer at submission, so the default accepts everything."""
+        return None
 
     @abstractmethod
     async def submit(self, request: AllocationRequest) -> Allocation:
