@@ -49,7 +49,12 @@ _TIME_RE: Final = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
 def load(path: Path | None) -> Config:
-    path = path or DEFAULT_CONFIG
+    """The config at ``path``; with none, configs/local.toml when the source tree is at hand, else the
+    same defaults built in (an installed package carries no configs/ folder)."""
+    if path is None:
+        if not DEFAULT_CONFIG.is_file():
+            return parse({}, source="<built-in defaults>")
+        path = DEFAULT_CONFIG
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
