@@ -19,7 +19,6 @@ from typing import Any
 import anyio
 import structlog
 import zmq
-import zmq.asyncio
 
 import pilot
 from pilot import lrm, wire
@@ -33,6 +32,7 @@ from pilot.model.node import NodeConfigured
 from pilot.model.process_order import POST, PRE, ProcessOrder
 from pilot.rundir import RunDir
 from pilot.scheduler import JobQueue, NodeSlots, never_fits, place
+from pilot.transport import Waiter, drain
 
 log = structlog.get_logger("pilot.daemon")
 
@@ -77,12 +77,16 @@ class Daemon:
         self._stopping = False
         self._stop = anyio.Event()
         self._progress = anyio.Event()
-        self._ctx = zmq.asyncio.Context()
+        self._agent_frames: list[list[bytes]] = []  # direct replies to agents (registered, heartbeat)
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._clients = self._ctx.socket(zmq.ROUTER)
         self._agents_sock = self._ctx.socket(zmq.ROUTER)
-        for s in (self._clients, self._agents_sock):
-            s.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
-            s.setsockopt(zmq.LINGER, 1000)
+        for sock in (self._clients, self._agents_sock):
+            sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+            sock.setsockopt(zmq.LINGER, 1000)
+        self._waiter = Waiter()
+        self._waiter.add(self._clients)
+        self._waiter.add(self._agents_sock)
         self._lock_fd: int | None = None
         sd = rundir.socket_dir()
         self.client_url = f"ipc://{sd / 'client.sock'}"
@@ -113,8 +117,7 @@ class Daemon:
             self.rundir.write_info(self._info())
             log.info("pilot ready", rundir=str(self.rundir.path), client_url=self.client_url, pid=os.getpid())
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._client_loop)
-                tg.start_soon(self._agent_loop)
+                tg.start_soon(self._io_loop)
                 tg.start_soon(self._monitor_loop)
                 if on_ready is not None:
                     on_ready()
@@ -125,6 +128,7 @@ class Daemon:
             self._clients.close(linger=500)
             self._agents_sock.close(linger=0)
             self._ctx.term()
+            self._waiter.close()
             self.rundir.remove_info()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
@@ -132,6 +136,10 @@ class Daemon:
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    def poke(self) -> None:
+        """State changed outside the I/O task: have it schedule and flush."""
+        self._waiter.poke()
 
     async def _acquire(self) -> None:
         request = AllocationRequest(
@@ -165,7 +173,7 @@ class Daemon:
         for job in list(self.jobs.values()):
             if not job.final:
                 self._cancel(job, reason="pilot stopped")
-        await self._flush()
+        self.poke()
         with anyio.move_on_after(self.config.pilot.kill_grace + 3):
             await self._until(
                 lambda: (
@@ -174,9 +182,8 @@ class Daemon:
             )
         for name, agent in self.agents.items():
             if agent.state == "active":
-                await self._agents_sock.send_multipart(
-                    [name.encode(), wire.encode(wire.Kind.STOP, {"reason": "pilot stopped"})]
-                )
+                self._to_agent(name, wire.Kind.STOP, {"reason": "pilot stopped"})
+        self.poke()
         with anyio.move_on_after(5):
             await self._until(lambda: all(a.state != "active" for a in self.agents.values()))
         for agent in self.agents.values():
@@ -185,24 +192,25 @@ class Daemon:
         for job in self.jobs.values():
             if not job.final:
                 self._finish(job)
-        await self._flush()
+        flushed = self._progress
+        self.poke()
+        with anyio.move_on_after(2):
+            await flushed.wait()  # the I/O task sent the final statuses
         if self.allocation is not None:
             await self.lrm.cancel(self.allocation)
 
     # -- client socket ------------------------------------------------------------------------------
 
-    async def _client_loop(self) -> None:
-        sock = self._clients
+    async def _io_loop(self) -> None:
+        """The only task that touches the sockets: drain both, then one flush, then wait."""
+        clients, agents = self._clients, self._agents_sock
         while True:
-            frames = await sock.recv_multipart()
-            self._on_client(frames)
-            for _ in range(_DRAIN):
-                try:
-                    frames = await sock.recv_multipart(flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+            for frames in drain(clients, _DRAIN):
                 self._on_client(frames)
-            await self._flush()
+            for frames in drain(agents, _DRAIN):
+                self._on_agent(frames)
+            self._flush()
+            await self._waiter.wait(None)
 
     def _on_client(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
@@ -287,20 +295,7 @@ class Daemon:
 
     # -- agent socket -------------------------------------------------------------------------------
 
-    async def _agent_loop(self) -> None:
-        sock = self._agents_sock
-        while True:
-            frames = await sock.recv_multipart()
-            await self._on_agent(frames)
-            for _ in range(_DRAIN):
-                try:
-                    frames = await sock.recv_multipart(flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                await self._on_agent(frames)
-            await self._flush()
-
-    async def _on_agent(self, frames: list[bytes]) -> None:
+    def _on_agent(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
             log.warning("dropped agent message", reason=f"{len(frames) - 1} payload frames, expected 1")
             return
@@ -308,11 +303,14 @@ class Daemon:
         try:
             name = ident.decode()
             msg = wire.decode(payload, allowed=wire.AGENT_KINDS)
-            await self._handle_agent(name, msg)
+            self._handle_agent(name, msg)
         except (wire.ProtocolError, UnicodeDecodeError) as exc:
             log.warning("dropped agent frame", reason=str(exc), size=len(payload))
 
-    async def _handle_agent(self, name: str, msg: wire.Message) -> None:
+    def _to_agent(self, name: str, kind: str, body: dict[str, Any]) -> None:
+        self._agent_frames.append([ident_of(name), wire.encode(kind, body)])
+
+    def _handle_agent(self, name: str, msg: wire.Message) -> None:
         agent = self.agents.get(name)
         if msg.kind == wire.Kind.REGISTER:
             node = NodeConfigured.from_wire(wire.field(msg.body, "node", dict))
@@ -329,25 +327,18 @@ class Daemon:
                 if running:
                     # Processes this daemon does not know: the agent must not keep them.
                     self._kills[name]["unknown to the daemon"].extend(running)
-            await self._agents_sock.send_multipart(
-                [
-                    ident_of(name),
-                    wire.encode(wire.Kind.REGISTERED, {"heartbeat_interval": self.config.pilot.heartbeat_interval}),
-                ]
-            )
+            self._to_agent(name, wire.Kind.REGISTERED, {"heartbeat_interval": self.config.pilot.heartbeat_interval})
             if self._stopping:
                 # Registered after the pilot began stopping: it missed the STOP the others got.
-                await self._agents_sock.send_multipart(
-                    [ident_of(name), wire.encode(wire.Kind.STOP, {"reason": "pilot stopped"})]
-                )
+                self._to_agent(name, wire.Kind.STOP, {"reason": "pilot stopped"})
         elif agent is None or agent.state != "active":
-            await self._agents_sock.send_multipart([ident_of(name), wire.encode(wire.Kind.HEARTBEAT, {"known": False})])
+            self._to_agent(name, wire.Kind.HEARTBEAT, {"known": False})
         elif msg.kind == wire.Kind.HEARTBEAT:
             agent.last_seen = time.monotonic()
             load = msg.body.get("load")
             if isinstance(load, list) and all(isinstance(x, int | float) for x in load):
                 agent.load = load[:3]
-            await self._agents_sock.send_multipart([ident_of(name), wire.encode(wire.Kind.HEARTBEAT, {"known": True})])
+            self._to_agent(name, wire.Kind.HEARTBEAT, {"known": True})
         elif msg.kind == wire.Kind.TASK_EVENTS:
             agent.last_seen = time.monotonic()
             for ev in wire.field(msg.body, "events", list):
@@ -668,25 +659,31 @@ class Daemon:
 
     # -- flush & monitor ----------------------------------------------------------------------------
 
-    async def _flush(self) -> None:
+    def _flush(self) -> None:
+        """Schedule, then send every outbox: one message per peer and kind. Runs in the I/O task only
+        (and at the very end of shutdown, when that task is done)."""
         self._schedule()
         replies, self._replies = self._replies, []
+        direct, self._agent_frames = self._agent_frames, []
         orders, self._orders = self._orders, defaultdict(list)
         kills, self._kills = self._kills, defaultdict(lambda: defaultdict(list))
         events, self._events = self._events, defaultdict(dict)
         for ident, body in replies:
-            await self._clients.send_multipart([ident, wire.encode(wire.Kind.REPLY, body)])
+            _send(self._clients, [ident, wire.encode(wire.Kind.REPLY, body)])
+        for frames in direct:
+            _send(self._agents_sock, frames)
         for node, batch in kills.items():
             for reason, keys in batch.items():
-                await self._agents_sock.send_multipart(
-                    [ident_of(node), wire.encode(wire.Kind.KILL, {"keys": keys, "reason": reason})]
+                _send(
+                    self._agents_sock, [ident_of(node), wire.encode(wire.Kind.KILL, {"keys": keys, "reason": reason})]
                 )
         for node, batch_orders in orders.items():
-            await self._agents_sock.send_multipart(
-                [ident_of(node), wire.encode(wire.Kind.LAUNCH, {"orders": [o.to_wire() for o in batch_orders]})]
+            _send(
+                self._agents_sock,
+                [ident_of(node), wire.encode(wire.Kind.LAUNCH, {"orders": [o.to_wire() for o in batch_orders]})],
             )
         for ident, evs in events.items():
-            await self._clients.send_multipart([ident, wire.encode(wire.Kind.EVENTS, {"events": list(evs.values())})])
+            _send(self._clients, [ident, wire.encode(wire.Kind.EVENTS, {"events": list(evs.values())})])
         self._progress.set()
         self._progress = anyio.Event()
 
@@ -707,7 +704,7 @@ class Daemon:
                     )
             if self.allocation is not None and not self._stopping:
                 await self.lrm.poll([self.allocation])
-            await self._flush()
+            self.poke()
 
     # -- status -------------------------------------------------------------------------------------
 
@@ -761,6 +758,14 @@ class Daemon:
             "jobs": {s.value: n for s, n in self.counts.items() if n},
             "queued": len(self.queue),
         }
+
+
+def _send(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
+    """ROUTER sends never block: a peer that is gone or past its high-water mark loses the message."""
+    try:
+        sock.send_multipart(frames, zmq.NOBLOCK)
+    except zmq.Again:
+        log.warning("dropped message to a peer that is not reading", size=sum(len(f) for f in frames))
 
 
 def ident_of(name: str) -> bytes:
