@@ -210,7 +210,7 @@ class Daemon:
             for frames in drain(agents, _DRAIN):
                 self._on_agent(frames)
             self._flush()
-            await self._waiter.wait(None)
+            await self._waiter.wait()
 
     def _on_client(self, frames: list[bytes]) -> None:
         if len(frames) != 2:

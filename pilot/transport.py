@@ -47,12 +47,10 @@ class Waiter:
         assert isinstance(events, int)
         return bool(events & zmq.POLLIN)
 
-    async def wait(self, timeout: float | None) -> None:
-        """Return when a socket has input, someone poked, or ``timeout`` seconds passed."""
+    async def wait(self) -> None:
+        """Return when a socket has input or someone poked (bound it with a cancel scope)."""
         if not self._poked and not any(self.readable(s) for s in self._sockets):
-            if timeout is None or timeout > 0:
-                with anyio.move_on_after(timeout):
-                    await anyio.wait_readable(self._epoll.fileno())
+            await anyio.wait_readable(self._epoll.fileno())
         try:
             os.read(self._rfd, 4096)
         except BlockingIOError:
