@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,8 @@ class ProcessEngine:
         self._by_key: dict[Key, Running] = {}
         self._early: dict[int, tuple[int, Any, float]] = {}
         self._cancelled: dict[Key, str] = {}
+        self._core_users: Counter[int] = Counter()
+        self._waiting: list[ProcessOrder] = []
         self._events: list[Event] = []
         self._stopping = False
         self._pending_orders = 0
@@ -99,10 +102,35 @@ class ProcessEngine:
             t.start()
 
     def submit(self, orders: list[ProcessOrder]) -> None:
+        """Queue orders for the spawner. One marked ``after_cores`` waits here until no process this
+        agent runs (or was told to run) uses its cores: the daemon placed it behind them."""
         with self._lock:
-            self._pending_orders += len(orders)
-        for order in orders:
-            self._orders.put(order)
+            for order in orders:
+                if order.after_cores and any(self._core_users[c] for c in order.cores):
+                    self._waiting.append(order)
+                else:
+                    self._accept(order)
+
+    def _accept(self, order: ProcessOrder) -> None:
+        # Called with the lock held.
+        for c in order.cores:
+            self._core_users[c] += 1
+        self._pending_orders += 1
+        self._orders.put(order)
+
+    def _release(self, order: ProcessOrder) -> None:
+        """The order's process is gone (or never started): free its cores, start who waited on them."""
+        with self._lock:
+            for c in order.cores:
+                self._core_users[c] -= 1
+            if self._waiting:
+                still = []
+                for w in self._waiting:
+                    if any(self._core_users[c] for c in w.cores):
+                        still.append(w)
+                    else:
+                        self._accept(w)
+                self._waiting = still
 
     def drain(self) -> list[Event]:
         with self._lock:
@@ -110,17 +138,30 @@ class ProcessEngine:
         return events
 
     def kill(self, key: Key, *, reason: str, sig: int = signal.SIGTERM) -> bool:
-        """Signal the process group of ``key``; an order not yet spawned is dropped. False if unknown."""
+        """Signal the process group of ``key``; an order not started yet is dropped. False if unknown."""
         with self._lock:
             run = self._by_key.get(key)
             if run is None:
-                if self._pending_orders:
+                waiting = next((w for w in self._waiting if (w.job_id, w.slot) == key), None)
+                if waiting is not None:
+                    self._waiting.remove(waiting)
+                    self._events.append(
+                        Event(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False})
+                    )
+                elif self._pending_orders:
                     self._cancelled[key] = reason
-                    return True
-                return False
-            if run.reason is None:
-                run.reason = reason
-            pid = run.popen.pid
+                else:
+                    return False
+                notify = waiting is not None
+            else:
+                notify = False
+                if run.reason is None:
+                    run.reason = reason
+                pid = run.popen.pid
+        if run is None:
+            if notify:
+                self._notify()
+            return True
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
@@ -140,12 +181,13 @@ class ProcessEngine:
             return key in self._by_key
 
     def running(self) -> list[Key]:
+        """Keys of the processes this agent runs and of the orders waiting for their cores."""
         with self._lock:
-            return list(self._by_key)
+            return [*self._by_key, *((w.job_id, w.slot) for w in self._waiting)]
 
     def busy(self) -> bool:
         with self._lock:
-            return bool(self._by_key) or self._pending_orders > 0
+            return bool(self._by_key) or self._pending_orders > 0 or bool(self._waiting)
 
     def sample(self) -> None:
         """psutil pass over running process trees (peak RSS of the whole tree, for Delivered)."""
@@ -176,22 +218,26 @@ class ProcessEngine:
             order = self._orders.get()
             if order is None:
                 return
+            spawned = False
             try:
-                self._spawn(order)
+                spawned = self._spawn(order)
             except Exception as exc:  # never let one order kill the spawner
                 log.exception("spawn crashed", job=order.job_id, slot=order.slot)
                 self._emit(Event(order.job_id, order.slot, "failed", time.time(), {"message": f"agent error: {exc}"}))
             finally:
                 with self._lock:
                     self._pending_orders -= 1
+                if not spawned:
+                    self._release(order)
 
-    def _spawn(self, order: ProcessOrder) -> None:
+    def _spawn(self, order: ProcessOrder) -> bool:
+        """Start one order; True when a process now runs for it."""
         key = (order.job_id, order.slot)
         with self._lock:
             cancelled = self._cancelled.pop(key, None)
         if cancelled is not None:
             self._emit(Event(order.job_id, order.slot, "exited", time.time(), {"reason": cancelled, "spawned": False}))
-            return
+            return False
         cwd = os.path.expanduser(order.directory) if order.directory else os.getcwd()
         extra = dict(order.rank_environment)
         if order.nodefile_hosts is not None:
@@ -243,12 +289,12 @@ class ProcessEngine:
                     os.sched_setaffinity(0, self._all_cpus)
         except _OpenError as exc:
             self._emit(Event(order.job_id, order.slot, "failed", time.time(), {"message": str(exc)}))
-            return
+            return False
         except OSError as exc:
             self._emit(
                 Event(order.job_id, order.slot, "failed", time.time(), {"message": self._explain(exc, argv, cwd, env)})
             )
-            return
+            return False
         finally:
             for fd in set(files):
                 os.close(fd)
@@ -261,6 +307,7 @@ class ProcessEngine:
         self._emit(Event(order.job_id, order.slot, "started", t0, {"pid": popen.pid}))
         if early is not None:
             self._finish(popen.pid, *early)
+        return True
 
     def _open(self, path: str | None, cwd: str, mode: str, files: list[int], what: str) -> int:
         """Open a task's stream file. Non-blocking, so a FIFO without a peer cannot wedge the spawner
@@ -342,6 +389,7 @@ class ProcessEngine:
         if run.env_file is not None:
             data["environment"] = _read_env(run.env_file)
         self._emit(Event(run.order.job_id, run.order.slot, "exited", run.started + data["wall_duration"], data))
+        self._release(run.order)
 
     def _emit(self, event: Event) -> None:
         with self._lock:

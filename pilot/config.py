@@ -26,6 +26,8 @@ class PilotSettings:
     agent_timeout: float = 10.0
     kill_grace: float = 2.0
     log_level: str = "info"
+    #: Short one-process tasks that may wait at an agent behind each busy core (0 or 1).
+    backlog: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +77,10 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
         agent_timeout=_pos(p, "agent_timeout", "pilot.", source, d.agent_timeout),
         kill_grace=_pos(p, "kill_grace", "pilot.", source, d.kill_grace),
         log_level=_get(p, "log_level", str, "pilot.", source, d.log_level),
+        backlog=_get(p, "backlog", int, "pilot.", source, d.backlog),
     )
+    if pilot.backlog not in (0, 1):
+        raise ConfigError(f"{source}: pilot.backlog = {pilot.backlog}; allowed: 0 (off) or 1")
     if pilot.log_level not in _LOG_LEVELS:
         raise ConfigError(f"{source}: pilot.log_level = {pilot.log_level!r}; allowed: {', '.join(_LOG_LEVELS)}")
     if not re.match(r"^[A-Za-z0-9_.-]+$", pilot.name):

@@ -31,7 +31,7 @@ from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import POST, PRE, ProcessOrder
 from pilot.rundir import RunDir
-from pilot.scheduler import JobQueue, NodeSlots, never_fits, place
+from pilot.scheduler import JobQueue, NodeSlots, can_wait_behind, never_fits, place, place_behind
 from pilot.transport import Waiter, drain
 
 log = structlog.get_logger("pilot.daemon")
@@ -70,6 +70,7 @@ class Daemon:
         self.counts: Counter[JobState] = Counter()
         self.started = time.time()
         self._seq = 0
+        self._waiting: set[str] = set()  # jobs dispatched behind busy cores, not started yet
         self._replies: list[tuple[bytes, dict[str, Any]]] = []
         self._orders: dict[str, list[ProcessOrder]] = defaultdict(list)
         self._kills: dict[str, dict[str, list[list[Any]]]] = defaultdict(lambda: defaultdict(list))
@@ -387,6 +388,7 @@ class Daemon:
             )
             return
         if kind == "started":
+            self._waiting.discard(job.id)
             if job.started is None:
                 job.started = float(t)
             if job.state is JobState.QUEUED:
@@ -421,9 +423,13 @@ class Daemon:
         if not len(self.queue) or not self.nodes or self._stopping:
             return
         nodes = [n for n in self.nodes.values() if n.usable]
+        behind = self.config.pilot.backlog
         for key, _ in self.queue.heads():
             while (job := self.queue.peek(key)) is not None:
-                ranks = place(job.description.resources, nodes, job_id=job.id)
+                d = job.description
+                ranks = place(d.resources, nodes, job_id=job.id)
+                if ranks is None and behind and can_wait_behind(d.resources) and not (d.pre_launch or d.post_launch):
+                    ranks = place_behind(d.resources, nodes)
                 if ranks is None:
                     break
                 self.queue.pop_head(key)
@@ -444,6 +450,9 @@ class Daemon:
         else:
             job.phase = "ranks"
             for p in plans:
+                if ranks[0].behind:
+                    p.order.after_cores = True
+                    self._waiting.add(job.id)
                 self._dispatch(job, p)
 
     def _start_ranks(self, job: JobRecord) -> None:
@@ -503,6 +512,7 @@ class Daemon:
         self._orders[plan.node].append(plan.order)
 
     def _process_done(self, job: JobRecord, slot: int, result: ProcessResult) -> None:
+        self._waiting.discard(job.id)
         plan = job.processes.pop(slot, None)
         if plan is None:
             return
@@ -756,7 +766,7 @@ class Daemon:
             "allocation": self.allocation.to_status() if self.allocation is not None else None,
             "nodes": nodes,
             "jobs": {s.value: n for s, n in self.counts.items() if n},
-            "queued": len(self.queue),
+            "queued": len(self.queue) + len(self._waiting),
         }
 
 

@@ -39,6 +39,8 @@ class ProcessOrder:
     rank_environment: dict[str, str] = field(default_factory=dict)
     nodefile_hosts: list[str] | None = None
     script: str | None = None  # pre_launch / post_launch path for those roles
+    #: Its cores are still held by processes the agent runs or was told to run: start it when they exit.
+    after_cores: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +81,7 @@ class ProcessOrder:
             rank_environment=rank_env,
             nodefile_hosts=None if hosts is None else wire.str_list(raw, "nodefile_hosts"),
             script=wire.opt_field(raw, "script", str),
+            after_cores=wire.opt_field(raw, "after_cores", bool, False),
         )
 
 

@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
-from pilot.scheduler.placement import NodeSlots, RankPlacement, never_fits, place, release
+from pilot.scheduler.placement import (
+    NodeSlots,
+    RankPlacement,
+    can_wait_behind,
+    never_fits,
+    place,
+    place_behind,
+    release,
+)
 from pilot.scheduler.queue import JobQueue
 
-__all__ = ["JobQueue", "NodeSlots", "RankPlacement", "never_fits", "place", "release"]
+__all__ = [
+    "JobQueue",
+    "NodeSlots",
+    "RankPlacement",
+    "can_wait_behind",
+    "never_fits",
+    "place",
+    "place_behind",
+    "release",
+]

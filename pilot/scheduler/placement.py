@@ -19,6 +19,8 @@ class RankPlacement:
     cores: list[int]
     gpus: list[int]
     memory: int
+    #: Placed behind the busy cores' current holders: the agent starts it when they are reaped.
+    behind: bool = False
 
 
 @dataclass(slots=True)
@@ -34,6 +36,8 @@ class NodeSlots:
     free_gpus: list[int] = field(default_factory=list)
     free_memory: int = 0
     exclusive_job: str | None = None
+    #: Busy cores that already have a rank waiting behind their holder (one deep).
+    waiting: set[int] = field(default_factory=set)
     holders: int = 0  # ranks currently placed here
     usable: bool = True
 
@@ -89,7 +93,10 @@ class NodeSlots:
 
     def give_back(self, rank: RankPlacement) -> None:
         for c in rank.cores:
-            bisect.insort(self.free_cores, c)
+            if c in self.waiting:
+                self.waiting.discard(c)  # the rank waiting behind takes the core over
+            else:
+                bisect.insort(self.free_cores, c)
         for g in rank.gpus:
             bisect.insort(self.free_gpus, g)
         self.free_memory += rank.memory
@@ -143,6 +150,36 @@ def _shares(req: ResourceRequest, nodes: list[NodeSlots]) -> list[tuple[NodeSlot
         return None
     pairs = sorted(zip(chosen, per, strict=True), key=lambda p: p[0][1])
     return [(node, share) for (_, _, node), share in pairs]
+
+
+def can_wait_behind(req: ResourceRequest) -> bool:
+    """Only the short-task shape queues behind busy cores: one process, cores only. Anything holding
+    GPUs, memory, several processes or whole nodes is placed when its slots are really free."""
+    return (
+        req.process_count == 1
+        and not req.gpu_cores_per_process
+        and not req.memory_per_process
+        and not req.exclusive_node_use
+        and req.node_count is None
+    )
+
+
+def place_behind(req: ResourceRequest, nodes: list[NodeSlots]) -> list[RankPlacement] | None:
+    """Place one rank behind busy cores that have nobody waiting yet (free cores stay free for ranks
+    that can start now); None when no node has enough such cores."""
+    c = req.cpu_cores_per_process
+    for node in nodes:
+        if not node.usable or node.exclusive_job is not None:
+            continue
+        free = set(node.free_cores)
+        candidates = [x for x in node.cores if x not in free and x not in node.waiting]
+        if len(candidates) < c:
+            continue
+        chosen = candidates[:c]
+        node.waiting.update(chosen)
+        node.holders += 1
+        return [RankPlacement(node.name, chosen, [], 0, behind=True)]
+    return None
 
 
 def release(ranks: list[RankPlacement], nodes: dict[str, NodeSlots], *, job_id: str) -> None:

@@ -1,0 +1,999 @@
+"""Which nodes a task group may run on: SSS Requested properties compiled against typed attributes,
+with the SGE job-category cache.
+
+A task group's requirements come from its uncategorized properties (``<Feature>``, ``<Node>``,
+``<Memory>`` ...) and its ``<Requested>`` ones, which carry ``op``, ``conj``, ``group`` and
+``preference`` (SSS job spec 8.1). They split in two kinds:
+
+- *node* requirements, true or false of one node: Node (List, Pattern, Range), Feature,
+  Architecture, OperatingSystem, typed attributes (``<Extension type="Attribute" name=...>``), and
+  allocation-wide ones (Machine, Queue, User, ...) checked against the pilot's global values;
+- *amounts*: Processors, NodeCount, TaskCount, Duration and the per-task consumables Memory, Disk,
+  Swap, Network and Resource. Alternatives (``conj="Or"``, ranges, preferences) among amounts are
+  resolved into an ordered list of concrete :class:`Amounts` ("variants"), tried in turn.
+
+``conj`` and ``group`` build a boolean expression (And and Nand bind tighter than Or and Nor, as in
+most languages; Nand is "and not", Nor "or not"); each top-level conjunct must be about nodes or
+about amounts, not both. Terms with a ``preference`` are taken out of the expression: positive ones
+of one property name are alternatives of which one must hold, negative ones are wishes; both rank
+nodes (and order variants) by the weights, as a ratio to the sum of the weights of that name.
+
+The :class:`Matcher` caches, per category (identical compiled requirement and per-task need), which
+nodes match and which do not, keyed on each node's version, so thousands of identical tasks are
+matched once (SGE complex-attribute spec, section 5, "Result caching").
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final, Union
+
+from pilot.model.node import NodeConfigured
+from pilot.model.sss.errors import SssError
+from pilot.model.sss.job import BYTE_CONSUMABLES, EffectiveTaskGroup, Properties, Property, amount
+from pilot.scheduler.attributes import (
+    AttributeRegistry,
+    AttributeType,
+    AttributeValues,
+    ComplexAttributeError,
+    Condition,
+    Relop,
+    compare,
+    evaluate,
+    string_matches,
+)
+
+#: Amount names resolved per task group ("Resource:<name>[:<type>]" for Resources).
+SCOPE_AMOUNTS: Final = ("Processors", "NodeCount", "TaskCount", "Duration")
+PER_TASK_AMOUNTS: Final = ("Memory", "Disk", "Swap", "Network")
+#: SSS properties checked against the allocation's global values, not per node.
+GLOBAL_NAMES: Final = frozenset(
+    {
+        "Machine",
+        "Queue",
+        "Partition",
+        "QualityOfService",
+        "Reservation",
+        "ResourceManagerType",
+        "User",
+        "Group",
+        "GlobalUser",
+        "Project",
+        "Account",
+    }
+)
+_SSS_OPS: Final = {
+    "EQ": Relop.EQ,
+    "NE": Relop.NE,
+    "LT": Relop.LT,
+    "GT": Relop.GT,
+    "LE": Relop.LE,
+    "GE": Relop.GE,
+}
+MAX_VARIANTS: Final = 16
+MAX_CATEGORIES: Final = 10_000
+MAX_RANGE_NAMES: Final = 100_000
+
+
+# -- nodes and the cluster ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class MatchNode:
+    """What matching reads of one node. Call :meth:`Cluster.touch` after changing it."""
+
+    name: str
+    hostname: str = ""
+    features: frozenset[str] = frozenset()
+    values: AttributeValues = field(default_factory=AttributeValues)
+    configured: dict[str, float] = field(default_factory=dict)  # consumable capacities
+    revision: int = 0
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return (self.revision, self.values.version)
+
+    @classmethod
+    def from_configured(
+        cls,
+        node: NodeConfigured,
+        registry: AttributeRegistry,
+        *,
+        fixed: Mapping[str, str | float | bool] | None = None,
+        consumables: Mapping[str, float] | None = None,
+    ) -> MatchNode:
+        """A node as an agent registered it, with the site's fixed values and extra consumables."""
+        m = cls(node.name, node.hostname, frozenset(node.features))
+        m.values.set_fixed(registry, dict(fixed or {}), level=f"node {node.name!r}")
+        load: dict[str, str | float | bool] = {"num_proc": len(node.processors), "mem_total": node.memory}
+        load["hostname"] = node.hostname or node.name
+        if node.architecture:
+            load["arch"] = node.architecture
+        if node.os:
+            load["opsys"] = node.os
+        m.values.report_load(registry, load)
+        m.configured = {"Processors": float(len(node.processors)), "Memory": float(node.memory)}
+        if node.gpus:
+            m.configured["Resource:GPU"] = float(len(node.gpus))
+        for k, v in (consumables or {}).items():
+            m.configured[k] = float(v)
+        return m
+
+
+@dataclass(slots=True)
+class Cluster:
+    """The matcher's picture of the allocation: nodes, global values and global consumables."""
+
+    registry: AttributeRegistry = field(default_factory=AttributeRegistry)
+    global_values: AttributeValues = field(default_factory=AttributeValues)
+    global_capacity: dict[str, float] = field(default_factory=dict)
+    context: dict[str, str] = field(default_factory=dict)  # Machine, Queue, User, Project, ...
+    nodes: dict[str, MatchNode] = field(default_factory=dict)
+    epoch: int = 0
+
+    def add(self, node: MatchNode) -> None:
+        self.nodes[node.name] = node
+        self.touch()
+
+    def remove(self, name: str) -> None:
+        if self.nodes.pop(name, None) is not None:
+            self.touch()
+
+    def touch(self, node: MatchNode | None = None) -> None:
+        """Something changed (a node's values, or the node set): cached verdicts are re-checked."""
+        if node is not None:
+            node.revision += 1
+        self.epoch += 1
+
+    def offers(self, key: str) -> bool:
+        return key in self.global_capacity or any(key in n.configured for n in self.nodes.values())
+
+
+# -- terms ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelector:
+    """A Node property: exact names (List, Range, plain) or a regular expression (Pattern)."""
+
+    names: frozenset[str] | None = None
+    pattern: str | None = None
+
+    def selects(self, node: MatchNode) -> bool:
+        if self.names is not None:
+            return node.name in self.names or (bool(node.hostname) and node.hostname in self.names)
+        assert self.pattern is not None
+        rx = _regex(self.pattern)
+        return rx.fullmatch(node.name) is not None or (bool(node.hostname) and rx.fullmatch(node.hostname) is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTerm:
+    selector: NodeSelector
+    negate: bool = False
+    label: str = ""
+
+    def test(self, node: MatchNode, cluster: Cluster) -> bool:
+        return self.selector.selects(node) != self.negate
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureTerm:
+    features: tuple[str, ...] = ()  # all of them
+    pattern: str | None = None  # or: any feature matching this regex
+    negate: bool = False
+    label: str = ""
+
+    def test(self, node: MatchNode, cluster: Cluster) -> bool:
+        if self.pattern is not None:
+            rx = _regex(self.pattern)
+            ok = any(rx.fullmatch(f) for f in node.features)
+        else:
+            ok = all(f in node.features for f in self.features)
+        return ok != self.negate
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True, slots=True)
+class AttributeTerm:
+    condition: Condition
+    label: str = ""
+
+    def test(self, node: MatchNode, cluster: Cluster) -> bool:
+        g = cluster.global_values.effective(cluster.registry)
+        h = node.values.effective(cluster.registry)
+        return evaluate(cluster.registry, self.condition, g, h) is None
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True, slots=True)
+class ContextTerm:
+    """An allocation-wide SSS property (Queue, User, ...): the same verdict for every node."""
+
+    name: str
+    value: str
+    negate: bool = False
+    pattern: bool = False
+    label: str = ""
+
+    def test(self, node: MatchNode, cluster: Cluster) -> bool:
+        have = cluster.context.get(self.name)
+        if have is None:
+            return False
+        ok = string_matches(_CSTR, self.value, have, pattern=self.pattern)
+        return ok != self.negate
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityTerm:
+    """A consumable the node must be *configured* with (``context="Configured"``): not reserved."""
+
+    key: str
+    op: Relop
+    amount: float
+    label: str = ""
+
+    def test(self, node: MatchNode, cluster: Cluster) -> bool:
+        have = node.configured.get(self.key)
+        if have is None:
+            have = cluster.global_capacity.get(self.key)
+        return have is not None and _cmp(self.op, have, self.amount)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True, slots=True)
+class AmountTerm:
+    key: str
+    op: Relop
+    value: float
+    label: str = ""
+
+    def holds(self, assignment: Mapping[str, float | None]) -> bool:
+        v = assignment.get(self.key)
+        return v is not None and _cmp(self.op, v, self.value)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+NodeLeaf = Union[NodeTerm, FeatureTerm, AttributeTerm, ContextTerm, CapacityTerm]  # noqa: UP007
+Leaf = Union[NodeLeaf, AmountTerm]  # noqa: UP007
+
+
+@dataclass(frozen=True, slots=True)
+class And:
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Or:
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Not:
+    item: Expr
+
+
+Expr = Union[And, Or, Not, NodeTerm, FeatureTerm, AttributeTerm, ContextTerm, CapacityTerm, AmountTerm]  # noqa: UP007
+_CSTR: Final = AttributeType.STRING
+
+
+def _cmp(op: Relop, a: float, b: float) -> bool:
+    return compare(op, a, b)
+
+
+def _regex(pattern: str) -> re.Pattern[str]:
+    return _compile_regex(pattern)
+
+
+_REGEX_CACHE: dict[str, re.Pattern[str]] = {}
+
+
+def _compile_regex(pattern: str) -> re.Pattern[str]:
+    rx = _REGEX_CACHE.get(pattern)
+    if rx is None:
+        rx = re.compile(pattern)
+        if len(_REGEX_CACHE) > 4096:
+            _REGEX_CACHE.clear()
+        _REGEX_CACHE[pattern] = rx
+    return rx
+
+
+def leaves(e: Expr) -> Iterable[Leaf]:
+    if isinstance(e, And | Or):
+        for i in e.items:
+            yield from leaves(i)
+    elif isinstance(e, Not):
+        yield from leaves(e.item)
+    else:
+        yield e
+
+
+def holds_on_node(e: Expr, node: MatchNode, cluster: Cluster) -> bool:
+    if isinstance(e, And):
+        return all(holds_on_node(i, node, cluster) for i in e.items)
+    if isinstance(e, Or):
+        return any(holds_on_node(i, node, cluster) for i in e.items)
+    if isinstance(e, Not):
+        return not holds_on_node(e.item, node, cluster)
+    assert not isinstance(e, AmountTerm)
+    return e.test(node, cluster)
+
+
+def holds_on_amounts(e: Expr, assignment: Mapping[str, float | None]) -> bool:
+    if isinstance(e, And):
+        return all(holds_on_amounts(i, assignment) for i in e.items)
+    if isinstance(e, Or):
+        return any(holds_on_amounts(i, assignment) for i in e.items)
+    if isinstance(e, Not):
+        return not holds_on_amounts(e.item, assignment)
+    assert isinstance(e, AmountTerm)
+    return e.holds(assignment)
+
+
+def describe(e: Expr) -> str:
+    if isinstance(e, And):
+        return " And ".join(_paren(i) for i in e.items)
+    if isinstance(e, Or):
+        return " Or ".join(_paren(i) for i in e.items)
+    if isinstance(e, Not):
+        return "Not " + _paren(e.item)
+    return str(e)
+
+
+def _paren(e: Expr) -> str:
+    return f"({describe(e)})" if isinstance(e, And | Or) else describe(e)
+
+
+# -- node names ----------------------------------------------------------------------------------------
+
+_RANGE_RE: Final = re.compile(r"\[([^\[\]]*)\]")
+
+
+def expand_range(text: str, *, where: str = "<Node>") -> list[str]:
+    """``node[5-23,77]`` -> node5 ... node23, node77. Several bracket groups multiply
+    (``r[1-2]n[1-3]``); a leading zero pads (``n[01-10]``); commas outside brackets separate entries."""
+    out: list[str] = []
+    for entry in _split_outside_brackets(text):
+        names = [""]
+        pos = 0
+        for m in _RANGE_RE.finditer(entry):
+            prefix = entry[pos : m.start()]
+            values = _range_values(m.group(1), where)
+            names = [n + prefix + v for n in names for v in values]
+            if len(names) > MAX_RANGE_NAMES:
+                raise SssError(f"{text!r} names more than {MAX_RANGE_NAMES} nodes", element=where)
+            pos = m.end()
+        rest = entry[pos:]
+        if "[" in rest or "]" in rest:
+            raise SssError(f"{text!r} has an unbalanced bracket; write prefix[5-23,77]", element=where)
+        out += [n + rest for n in names]
+    if not out or any(not n for n in out):
+        raise SssError(f"{text!r} names no node; write prefix[5-23,77]", element=where)
+    return out
+
+
+def _split_outside_brackets(text: str) -> list[str]:
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur).strip())
+    return [p for p in parts if p]
+
+
+def _range_values(body: str, where: str) -> list[str]:
+    out: list[str] = []
+    for item in body.split(","):
+        item = item.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+        if not m:
+            raise SssError(f"[{body}] holds {item!r}: write numbers and ranges like 5-23,77", element=where)
+        lo_s, hi_s = m.group(1), m.group(2) or m.group(1)
+        lo, hi = int(lo_s), int(hi_s)
+        if hi < lo:
+            raise SssError(f"range {item} runs backwards; write {hi}-{lo}", element=where)
+        if hi - lo > MAX_RANGE_NAMES:
+            raise SssError(f"range {item} names more than {MAX_RANGE_NAMES} nodes", element=where)
+        width = len(lo_s) if lo_s.startswith("0") and len(lo_s) > 1 else 0
+        out += [str(i).zfill(width) for i in range(lo, hi + 1)]
+    return out
+
+
+def node_selector(p: Property, where: str | None = None) -> NodeSelector:
+    agg = p.get("aggregation")
+    text = p.value.strip()
+    if agg == "Pattern" or p.get("op") == "Match":
+        _check_regex(text, p, where)
+        return NodeSelector(pattern=text)
+    if agg == "Range":
+        return NodeSelector(names=frozenset(expand_range(text, where=where or p.where)))
+    if agg == "List":
+        delim = p.get("delimiter") or ","
+        return NodeSelector(names=frozenset(n.strip() for n in text.split(delim) if n.strip()))
+    return NodeSelector(names=frozenset({text}))
+
+
+def _check_regex(text: str, p: Property, where: str | None = None) -> None:
+    if len(text) > 1024:
+        raise SssError("pattern is longer than 1024 characters", element=where or p.where)
+    try:
+        _compile_regex(text)
+    except re.error as exc:
+        raise SssError(f"{text!r} is not a valid regular expression ({exc})", element=where or p.where) from None
+
+
+# -- compiling requirements ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Preference:
+    """One preferred alternative and its weight (positive: one of the set must hold)."""
+
+    term: Leaf
+    weight: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRequirement:
+    """The node side of a task group's request: hashable, so it keys the category cache."""
+
+    expr: Expr | None = None  # hard requirement on a node (None: any node)
+    preferences: tuple[tuple[str, tuple[Preference, ...]], ...] = ()  # per property name
+
+    def score(self, node: MatchNode, cluster: Cluster) -> float:
+        """The preference weight a node meets, as a ratio per property name, summed."""
+        total = 0.0
+        for _, prefs in self.preferences:
+            if not prefs or isinstance(prefs[0].term, AmountTerm):
+                continue
+            denom = sum(abs(p.weight) for p in prefs)
+            met = sum(abs(p.weight) for p in prefs if holds_on_node(p.term, node, cluster))
+            total += met / denom if denom else 0.0
+        return total
+
+    def __str__(self) -> str:
+        return "any node" if self.expr is None else describe(self.expr)
+
+
+@dataclass(frozen=True, slots=True)
+class Amounts:
+    """One concrete choice of the amounts a task group asks (a variant)."""
+
+    values: tuple[tuple[str, float], ...]
+
+    def get(self, key: str) -> float | None:
+        for k, v in self.values:
+            if k == key:
+                return v
+        return None
+
+    def per_task(self) -> dict[str, float]:
+        return {k: v for k, v in self.values if k not in SCOPE_AMOUNTS}
+
+
+@dataclass(frozen=True, slots=True)
+class Requirements:
+    node: NodeRequirement
+    variants: tuple[Amounts, ...]  # in the order to try
+
+
+@dataclass(slots=True)
+class _Chain:
+    """Requested properties as written: (conj, group, term, property) in order."""
+
+    items: list[tuple[str, int, Expr, Property]] = field(default_factory=list)
+
+
+def compile_requirements(
+    properties: Properties, cluster: Cluster, *, where: str = "TaskGroup", scope: bool = True
+) -> Requirements:
+    """The node requirement and amount variants of one (effective) set of properties.
+
+    ``scope`` False leaves out Processors/NodeCount/TaskCount (the job level of a multi-group job).
+    Raises :class:`SssError` naming the element for anything that cannot be compiled.
+    """
+    hard: list[Expr] = []
+    prefs: dict[str, list[Preference]] = {}
+    # Uncategorized properties are plain requirements (EQ), each a conjunct.
+    for p in properties.items:
+        hard += _terms(p, cluster, where, requested=False, scope=scope)
+    chain = _Chain()
+    for p in properties.requested or ():
+        terms = list(_terms(p, cluster, where, requested=True, scope=scope))
+        if not terms and not int(p.get("group") or 0):
+            continue
+        pref = p.get("preference")
+        if pref is not None:
+            if int(p.get("group") or 0):
+                raise SssError(
+                    "a preference cannot open or close a group; put preferences outside groups",
+                    element=_w(where, p),
+                )
+            weight = int(pref)
+            if weight == 0:
+                raise SssError("preference=0 has no weight; use a positive or negative weight", element=_w(where, p))
+            for t in terms:
+                key = t.key if isinstance(t, AmountTerm) else _prop_key(p)
+                prefs.setdefault(key, []).append(Preference(t, weight))
+            continue
+        # A property that does not constrain placement still opens or closes its groups: it is True.
+        term: Expr = terms[0] if len(terms) == 1 else And(tuple(terms))
+        chain.items.append((p.get("conj") or "And", int(p.get("group") or 0), term, p))
+    if chain.items:
+        hard.append(_parse_chain(chain, where))
+    node_parts: list[Expr] = []
+    amount_parts: list[Expr] = []
+    for conjunct in _conjuncts(hard):
+        kinds = {isinstance(leaf, AmountTerm) for leaf in leaves(conjunct)}
+        if len(kinds) > 1:
+            raise SssError(
+                f"the requirement {describe(conjunct)} mixes amounts (Processors, Memory, ...) with node "
+                "properties (Node, Feature, ...) under Or or Not; state them as separate requirements",
+                element=where,
+            )
+        (amount_parts if True in kinds else node_parts).append(conjunct)
+    preferences: list[tuple[str, tuple[Preference, ...]]] = []
+    for name, plist in sorted(prefs.items()):
+        signs = {p.weight > 0 for p in plist}
+        if len(signs) > 1:
+            raise SssError(
+                f"<{name}> preferences mix positive and negative weights; use one sign per property",
+                element=where,
+            )
+        preferences.append((name, tuple(plist)))
+        if plist[0].weight > 0 and not isinstance(plist[0].term, AmountTerm):
+            alts = tuple(p.term for p in plist)
+            node_parts.append(alts[0] if len(alts) == 1 else Or(alts))
+    expr: Expr | None = None
+    if node_parts:
+        expr = node_parts[0] if len(node_parts) == 1 else And(tuple(node_parts))
+    node_req = NodeRequirement(expr, tuple(preferences))
+    variants = _variants(amount_parts, preferences, where)
+    return Requirements(node_req, variants)
+
+
+def _w(where: str, p: Property) -> str:
+    return f"{where}/{p.where}"
+
+
+def _conjuncts(items: list[Expr]) -> list[Expr]:
+    out: list[Expr] = []
+    for e in items:
+        if isinstance(e, And):
+            out += _conjuncts(list(e.items))
+        else:
+            out.append(e)
+    return out
+
+
+def _parse_chain(chain: _Chain, where: str) -> Expr:
+    """``conj`` and ``group`` into an expression: groups are parentheses, And/Nand before Or/Nor."""
+    tokens: list[object] = []
+    depth = 0
+    for i, (conj, group, term, p) in enumerate(chain.items):
+        if i:
+            tokens.append(conj)
+        opens, closes = max(group, 0), max(-group, 0)
+        tokens += ["("] * opens
+        tokens.append(term)
+        tokens += [")"] * closes
+        depth += opens
+        depth -= closes
+        if depth < 0:
+            raise SssError(
+                f'group="{group}" closes a group that was never opened; open it with a positive group on an '
+                "earlier property (the spec: positive opens, negative closes)",
+                element=_w(where, p),
+                line=p.line,
+            )
+    if depth:
+        last = chain.items[-1][3]
+        raise SssError(
+            f"{depth} group(s) opened in <Requested> are never closed; close them with a negative group= "
+            "on the last property of the group",
+            element=_w(where, last),
+            line=last.line,
+        )
+    pos = 0
+
+    def expr() -> Expr:
+        nonlocal pos
+        items = [and_expr()]
+        while pos < len(tokens) and tokens[pos] in ("Or", "Nor"):
+            neg = tokens[pos] == "Nor"
+            pos += 1
+            rhs = and_expr()
+            items.append(Not(rhs) if neg else rhs)
+        return items[0] if len(items) == 1 else Or(tuple(items))
+
+    def and_expr() -> Expr:
+        nonlocal pos
+        items = [unary()]
+        while pos < len(tokens) and tokens[pos] in ("And", "Nand"):
+            neg = tokens[pos] == "Nand"
+            pos += 1
+            rhs = unary()
+            items.append(Not(rhs) if neg else rhs)
+        return items[0] if len(items) == 1 else And(tuple(items))
+
+    def unary() -> Expr:
+        nonlocal pos
+        tok = tokens[pos]
+        pos += 1
+        if tok == "(":
+            e = expr()
+            pos += 1  # ")"
+            return e
+        return tok  # type: ignore[return-value]
+
+    return expr()
+
+
+def _op(p: Property, requested: bool) -> str:
+    return (p.get("op") or "EQ") if requested else "EQ"
+
+
+def _terms(p: Property, cluster: Cluster, where: str, *, requested: bool, scope: bool) -> list[Leaf]:
+    """The leaf terms one property stands for (none when it does not constrain placement)."""
+    op = _op(p, requested)
+    w = _w(where, p)
+    label = _label(p, op)
+    name = p.name
+    try:
+        if name in ("Processors", "NodeCount", "TaskCount", "Duration"):
+            if name != "Duration" and not scope:
+                return []
+            if op == "Match":
+                raise SssError(
+                    'op="Match" needs a pattern property; an amount takes EQ, NE, LT, GT, LE or GE', element=w
+                )
+            if name == "Processors" and (p.get("context") == "Configured"):
+                return [CapacityTerm("Processors", _SSS_OPS[op] if op != "EQ" else Relop.GE, amount(p), label)]
+            return [AmountTerm(name, _SSS_OPS[op], float(p.value), label)]
+        if name in PER_TASK_AMOUNTS or name == "Resource":
+            key = _amount_key(p)
+            if op == "Match":
+                raise SssError(
+                    'op="Match" needs a pattern property; an amount takes EQ, NE, LT, GT, LE or GE', element=w
+                )
+            value = amount(p)
+            if p.get("context") == "Configured":
+                return [CapacityTerm(key, _SSS_OPS[op] if op != "EQ" else Relop.GE, value, label)]
+            if op in ("LT", "LE", "NE"):
+                raise SssError(
+                    f'op="{op}" on a consumable cannot be reserved: a task holds what it asks; use EQ or GE',
+                    element=w,
+                )
+            return [AmountTerm(key, _SSS_OPS[op], value, label)]
+        if name == "Node":
+            if p.get("count") is not None and scope:
+                count = int(p.get("count") or "0")
+                out: list[Leaf] = [AmountTerm("NodeCount", Relop.EQ, float(count), f"Node count={count}")]
+            else:
+                out = []
+            if op not in ("EQ", "NE", "Match"):
+                raise SssError(f'op="{op}" cannot compare node names; use EQ, NE or Match', element=w)
+            return [NodeTerm(node_selector(p, w), op == "NE", label), *out]
+        if name == "Feature":
+            if op not in ("EQ", "NE", "Match"):
+                raise SssError(f'op="{op}" cannot compare features; use EQ, NE or Match', element=w)
+            text = p.value.strip()
+            if p.get("aggregation") == "Pattern" or op == "Match":
+                _check_regex(text, p, w)
+                return [FeatureTerm(pattern=text, negate=op == "NE", label=label)]
+            delim = (p.get("delimiter") or ",") if p.get("aggregation") == "List" else None
+            feats = tuple(f.strip() for f in (text.split(delim) if delim else [text]) if f.strip())
+            return [FeatureTerm(features=feats, negate=op == "NE", label=label)]
+        if name in ("Architecture", "OperatingSystem"):
+            attr = "arch" if name == "Architecture" else "opsys"
+            return [_attribute(cluster, attr, op, p.value.strip(), label, w)]
+        if name == "Extension" and p.get("type") == "Attribute":
+            attr_name = p.get("name") or ""
+            return [
+                _attribute(cluster, attr_name, op if requested and p.get("op") else None, p.value.strip(), label, w)
+            ]
+        if name in GLOBAL_NAMES and requested:
+            if name not in cluster.context:
+                raise SssError(
+                    f"a Requested <{name}> cannot be checked: this pilot has no {name} value; remove it "
+                    f"(or set [global] {name} in the pilot config)",
+                    element=w,
+                )
+            if op not in ("EQ", "NE", "Match"):
+                raise SssError(f'op="{op}" cannot compare {name}; use EQ, NE or Match', element=w)
+            return [ContextTerm(name, p.value.strip(), op == "NE", op == "Match", label)]
+    except (ValueError, ComplexAttributeError) as exc:
+        if isinstance(exc, SssError):
+            raise
+        raise SssError(str(exc), element=w) from None
+    return []
+
+
+_OP_SYMBOL: Final = {"EQ": "=", "NE": "!=", "LT": "<", "GT": ">", "LE": "<=", "GE": ">=", "Match": "~"}
+
+
+def _label(p: Property, op: str) -> str:
+    """How a requirement is shown in errors and explanations: ``Feature=Jumbo-Frame``."""
+    name = p.name
+    if name == "Resource":
+        name = _show_key(_amount_key(p))
+    elif name == "Extension":
+        name = p.get("name") or name
+    value = p.value.strip()
+    if p.get("units"):
+        value += f" {p.get('units')}"
+    if p.get("aggregation"):
+        value += f" ({p.get('aggregation')})"
+    return f"{name}{_OP_SYMBOL.get(op, '=')}{value}"
+
+
+def _prop_key(p: Property) -> str:
+    """Preferences are weighed among the properties of one name (one Resource, one attribute)."""
+    if p.name in PER_TASK_AMOUNTS or p.name == "Resource":
+        return _amount_key(p)
+    if p.name == "Extension":
+        return f"Extension:{p.get('name')}"
+    return p.name
+
+
+def _attribute(cluster: Cluster, name: str, op: str | None, value: str, label: str, where: str) -> AttributeTerm:
+    try:
+        if op == "Match":
+            cond = Condition.sss(cluster.registry, name, None, value, match=True)
+        else:
+            cond = Condition.sss(cluster.registry, name, None if op is None else _SSS_OPS[op], value)
+    except ComplexAttributeError as exc:
+        raise SssError(str(exc), element=where) from None
+    return AttributeTerm(cond, label)
+
+
+def _amount_key(p: Property) -> str:
+    if p.name != "Resource":
+        return p.name
+    t = p.get("type")
+    return f"Resource:{p.get('name')}" + (f":{t}" if t else "")
+
+
+def _variants(
+    parts: list[Expr], preferences: list[tuple[str, tuple[Preference, ...]]], where: str
+) -> tuple[Amounts, ...]:
+    """Concrete amount choices satisfying ``parts``, best first: preferred values by weight, then
+    smallest (the least that satisfies starts soonest)."""
+    amount_prefs = [(k, ps) for k, ps in preferences if ps and isinstance(ps[0].term, AmountTerm)]
+    candidates: dict[str, set[float | None]] = {}
+    for e in parts:
+        for leaf in leaves(e):
+            assert isinstance(leaf, AmountTerm)
+            candidates.setdefault(leaf.key, set()).update(_candidates(leaf))
+    for key, ps in amount_prefs:
+        values: set[float | None] = set()
+        for pr in ps:
+            assert isinstance(pr.term, AmountTerm)
+            values.update(_candidates(pr.term))
+        if ps[0].weight < 0:
+            values.update(candidates.get(key, {None}))
+        candidates[key] = values
+    if not candidates:
+        return (Amounts(()),)
+    keys = sorted(candidates)
+    combos = 1
+    for k in keys:
+        combos *= len(candidates[k])
+    if combos > 4096:
+        raise SssError("the Requested alternatives allow too many combinations; simplify them", element=where)
+    good: list[tuple[float, tuple[float, ...], Amounts]] = []
+    for combo in itertools.product(*(sorted(candidates[k], key=_none_last) for k in keys)):
+        assignment = dict(zip(keys, combo, strict=True))
+        if not all(holds_on_amounts(e, assignment) for e in parts):
+            continue
+        score = 0.0
+        ok = True
+        for _key, ps in amount_prefs:
+            denom = sum(abs(p.weight) for p in ps)
+            met = sum(abs(p.weight) for p in ps if isinstance(p.term, AmountTerm) and p.term.holds(assignment))
+            if ps[0].weight > 0 and not met:
+                ok = False
+            score += met / denom
+        if not ok:
+            continue
+        vals = tuple((k, v) for k, v in zip(keys, combo, strict=True) if v is not None)
+        good.append((-score, tuple(_none_last(v) for v in combo), Amounts(vals)))
+    if not good:
+        shown = " And ".join(describe(e) for e in parts) or "the preferences"
+        raise SssError(f"no amounts satisfy {shown}; the requirements contradict each other", element=where)
+    good.sort(key=lambda g: (g[0], g[1]))
+    out: list[Amounts] = []
+    for _, _, a in good:
+        if a not in out:
+            out.append(a)
+    if len(out) > MAX_VARIANTS:
+        out = out[:MAX_VARIANTS]
+    return tuple(out)
+
+
+def _none_last(v: float | None) -> float:
+    return math.inf if v is None else v
+
+
+def _candidates(t: AmountTerm) -> list[float | None]:
+    integral = t.key in ("Processors", "NodeCount", "TaskCount") or t.value.is_integer()
+    step_up = t.value + 1 if integral else math.nextafter(t.value, math.inf)
+    step_down = t.value - 1 if integral else math.nextafter(t.value, -math.inf)
+    if t.op is Relop.GT:
+        return [step_up]
+    if t.op is Relop.LT:
+        return [step_down] if step_down >= 0 else []
+    if t.op is Relop.NE:
+        return []
+    return [t.value]
+
+
+def compile_task_group(tg: EffectiveTaskGroup, cluster: Cluster) -> Requirements:
+    return compile_requirements(tg.properties, cluster, where=tg.where)
+
+
+# -- the matcher -----------------------------------------------------------------------------------------
+
+Need = tuple[tuple[str, float], ...]  # per-task consumables (static check against configured capacity)
+
+
+@dataclass(slots=True)
+class _Entry:
+    epoch: int = -1
+    verdicts: dict[str, tuple[tuple[int, int], str | None, float]] = field(default_factory=dict)
+    ranked: list[MatchNode] = field(default_factory=list)
+    global_reason: str | None = None
+    hits: int = 0
+
+
+class Matcher:
+    """Static matching with the job-category cache.
+
+    ``candidates(requirement, need)`` is the ranked list of nodes that match ``requirement`` and are
+    configured with at least ``need`` per task. The verdict of every (category, node) pair is kept
+    with the node's version; when the cluster changes only changed nodes are looked at again, and
+    when it has not changed the list is returned as is.
+    """
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._cache: dict[tuple[NodeRequirement, Need], _Entry] = {}
+        self.evaluations = 0  # node verdicts computed (for tests and the benchmark)
+
+    def forget(self) -> None:
+        self._cache.clear()
+
+    def candidates(self, req: NodeRequirement, need: Need = ()) -> list[MatchNode]:
+        entry = self._cache.get((req, need))
+        if entry is None:
+            if len(self._cache) >= MAX_CATEGORIES:
+                self._cache.clear()  # categories come and go with the queue; start afresh
+            entry = self._cache[(req, need)] = _Entry()
+        if entry.epoch == self.cluster.epoch:
+            entry.hits += 1
+            return entry.ranked
+        self._refresh(entry, req, need)
+        return entry.ranked
+
+    def _refresh(self, entry: _Entry, req: NodeRequirement, need: Need) -> None:
+        c = self.cluster
+        live = c.nodes
+        for name in [n for n in entry.verdicts if n not in live]:
+            del entry.verdicts[name]
+        for node in live.values():
+            v = entry.verdicts.get(node.name)
+            if v is not None and v[0] == node.version:
+                continue
+            reason = self.mismatch(req, need, node)
+            score = req.score(node, c) if reason is None else 0.0
+            entry.verdicts[node.name] = (node.version, reason, score)
+        fitting = [(i, n) for i, n in enumerate(live.values()) if entry.verdicts[n.name][1] is None]
+        fitting.sort(key=lambda p: (-entry.verdicts[p[1].name][2], p[0]))
+        entry.ranked = [n for _, n in fitting]
+        entry.epoch = c.epoch
+
+    def mismatch(self, req: NodeRequirement, need: Need, node: MatchNode) -> str | None:
+        """Why ``node`` can never take a task of this category, or None. Uncached."""
+        self.evaluations += 1
+        c = self.cluster
+        for key, value in need:
+            have = node.configured.get(key)
+            if have is None and key in c.global_capacity:
+                continue  # a global pool, checked once per job at placement
+            if have is None:
+                return f"it has no {_show_key(key)}"
+            if have < value:
+                return f"each task needs {_show_amount(key, value)} but it has {_show_amount(key, have)}"
+        if req.expr is None:
+            return None
+        if holds_on_node(req.expr, node, c):
+            return None
+        for conjunct in _conjuncts([req.expr]):
+            if not holds_on_node(conjunct, node, c):
+                return f"{describe(conjunct)} does not hold"
+        return "the requirement does not hold"  # pragma: no cover
+
+    def explain(self, req: NodeRequirement, need: Need = ()) -> list[str]:
+        """Why no node (or which nodes) cannot take this category: one line per reason, with the
+        nodes it excludes, for ``pilot explain``."""
+        c = self.cluster
+        if not c.nodes:
+            return ["no node has registered yet"]
+        by_reason: dict[str, list[str]] = {}
+        for node in c.nodes.values():
+            r = self.mismatch(req, need, node)
+            if r is not None:
+                by_reason.setdefault(r, []).append(node.name)
+        out = []
+        for reason, names in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+            shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+            out.append(f"{len(names)} of {len(c.nodes)} node(s) excluded because {reason}: {shown}")
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return {"categories": len(self._cache), "evaluations": self.evaluations}
+
+
+def _show_key(key: str) -> str:
+    if key.startswith("Resource:"):
+        return "Resource " + key.split(":", 1)[1]
+    return key
+
+
+def _show_amount(key: str, v: float) -> str:
+    if key in BYTE_CONSUMABLES:
+        return f"{v / 2**20:g} MB {key}"
+    return f"{v:g} {_show_key(key)}"
+
+
+def uncached_candidates(matcher: Matcher, req: NodeRequirement, need: Need = ()) -> list[MatchNode]:
+    """The same answer as :meth:`Matcher.candidates` without the cache: the benchmark's baseline."""
+    c = matcher.cluster
+    fitting = [(i, n) for i, n in enumerate(c.nodes.values()) if matcher.mismatch(req, need, n) is None]
+    fitting.sort(key=lambda p: (-req.score(p[1], c), p[0]))
+    return [n for _, n in fitting]
+
+
+__all__ = [
+    "Amounts",
+    "AttributeTerm",
+    "CapacityTerm",
+    "Cluster",
+    "ContextTerm",
+    "FeatureTerm",
+    "MatchNode",
+    "Matcher",
+    "NodeRequirement",
+    "NodeSelector",
+    "NodeTerm",
+    "Requirements",
+    "compile_requirements",
+    "expand_range",
+]

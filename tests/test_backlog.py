@@ -1,0 +1,92 @@
+"""Tasks placed behind busy cores: one deep, exact hand-over, and the agent never overlaps them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import client as psij
+from pilot.model.job_description import ResourceRequest
+from pilot.scheduler.placement import NodeSlots, can_wait_behind, place, place_behind
+
+
+def _node(cores: int = 2) -> NodeSlots:
+    ids = list(range(cores))
+    return NodeSlots(
+        name="n0", hostname="h", cores=ids, gpus=[], memory=1 << 30, free_cores=list(ids), free_memory=1 << 30
+    )
+
+
+def test_only_one_process_core_only_requests_wait_behind() -> None:
+    assert can_wait_behind(ResourceRequest())
+    assert can_wait_behind(ResourceRequest(cpu_cores_per_process=2))
+    assert not can_wait_behind(ResourceRequest(process_count=2))
+    assert not can_wait_behind(ResourceRequest(gpu_cores_per_process=1))
+    assert not can_wait_behind(ResourceRequest(memory_per_process=1))
+    assert not can_wait_behind(ResourceRequest(exclusive_node_use=True))
+
+
+def test_behind_is_one_deep_and_hands_cores_over_exactly() -> None:
+    node = _node(2)
+    req = ResourceRequest()
+    a = place(req, [node], job_id="a")
+    b = place(req, [node], job_id="b")
+    assert a and b and node.free_cores == []
+    assert place(req, [node], job_id="c") is None
+    c = place_behind(req, [node])
+    d = place_behind(req, [node])
+    assert c and d and {c[0].cores[0], d[0].cores[0]} == {0, 1} and c[0].behind
+    assert place_behind(req, [node]) is None  # one deep: every busy core has a waiter
+    # The holder of c's core exits: the core passes to c, it does not become free.
+    holder = a[0] if a[0].cores == c[0].cores else b[0]
+    node.give_back(holder)
+    assert node.free_cores == [] and c[0].cores[0] not in node.waiting
+    node.give_back(c[0])
+    assert node.free_cores == c[0].cores
+
+
+def test_a_waiter_that_ends_first_leaves_the_holder_its_core() -> None:
+    node = _node(1)
+    req = ResourceRequest()
+    a = place(req, [node], job_id="a")
+    w = place_behind(req, [node])
+    assert a and w
+    node.give_back(w[0])  # the waiter was canceled before it could start
+    assert node.free_cores == [] and not node.waiting
+    node.give_back(a[0])
+    assert node.free_cores == [0] and node.holders == 0
+
+
+def test_tasks_behind_busy_cores_never_overlap_on_a_core(start_pilot: Any, tmp_path: Path) -> None:
+    pilot = start_pilot('[allocation]\nlrm = "local"\nnodes = 1\ncores_per_node = 2\n')
+    ex = pilot.executor()
+    script = (
+        "import json, os, sys, time; t0 = time.time(); time.sleep(0.15); "
+        "json.dump({'cpus': sorted(os.sched_getaffinity(0)), 't0': t0, 't1': time.time()}, open(sys.argv[1], 'w'))"
+    )
+    jobs = []
+    for i in range(8):
+        job = psij.Job(psij.JobSpec(executable="python3", arguments=["-c", script, str(tmp_path / f"{i}.json")]))
+        ex.submit(job)
+        jobs.append(job)
+    for job in jobs:
+        status = job.wait(timeout=60)
+        assert status is not None and status.state is psij.JobState.COMPLETED, status
+    runs = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(8)]
+    assert all(len(r["cpus"]) == 1 for r in runs)
+    for i, r in enumerate(runs):
+        for s in runs[i + 1 :]:
+            if r["t0"] < s["t1"] and s["t0"] < r["t1"]:
+                assert r["cpus"] != s["cpus"], (r, s)
+
+
+def test_backlog_off_still_runs_everything(start_pilot: Any) -> None:
+    pilot = start_pilot('[pilot]\nbacklog = 0\n[allocation]\nlrm = "local"\nnodes = 1\n')
+    ex = pilot.executor()
+    jobs = [psij.Job(psij.JobSpec(executable="/bin/true")) for _ in range(20)]
+    for job in jobs:
+        ex.submit(job)
+    for job in jobs:
+        status = job.wait(timeout=60)
+        assert status is not None and status.state is psij.JobState.COMPLETED
