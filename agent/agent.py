@@ -1,4 +1,10 @@
-"""The agent's event loop: one DEALER socket to the daemon, orders in, batched events out."""
+"""The agent's event loop: one DEALER socket to the daemon, orders in, batched events out.
+
+One task owns the socket (see :mod:`pilot.transport`): each turn it drains the daemon's frames, hands
+orders to the process engine, forwards the engine's events in one message, runs due timers
+(heartbeat, walltime, kill escalation, stopping), sends, then waits for the socket, a poke from the
+spawner/reaper threads, or the next timer.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +12,22 @@ import heapq
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import structlog
 import zmq
-import zmq.asyncio
 
 from agent.processes import Key, ProcessEngine
 from pilot import wire
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
+from pilot.transport import Waiter, drain
 
 log = structlog.get_logger("agent")
+
+_ALLOWED = wire.TO_AGENT_KINDS | {wire.Kind.HEARTBEAT}
 
 
 class Agent:
@@ -37,36 +44,26 @@ class Agent:
     ) -> None:
         self.node = node
         self._url = daemon_url
-        self._workdir = workdir
         self._heartbeat = heartbeat_interval
         self._orphan_timeout = orphan_timeout
         self._kill_grace = kill_grace
-        self._ctx = zmq.asyncio.Context()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.IDENTITY, node.name.encode())
         self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         self._sock.setsockopt(zmq.LINGER, 2000)
-        self._rfd, self._wfd = os.pipe()
-        os.set_blocking(self._rfd, False)
-        os.set_blocking(self._wfd, False)
-        self._signalled = False
-        self._engine = ProcessEngine(node=node, workdir=workdir, notify=self._wake, cpu_map=cpu_map)
+        self._waiter = Waiter()
+        self._waiter.add(self._sock)
+        self._engine = ProcessEngine(node=node, workdir=workdir, notify=self._waiter.poke, cpu_map=cpu_map)
+        self._out: list[bytes] = []
         self._registered = False
         self._last_heard = time.monotonic()
+        self._next_beat = 0.0
         self._timers: list[tuple[float, Key, str]] = []
-        self._timer_changed = anyio.Event()
-        self._stopping = False
-        self._done = anyio.Event()
-        self._progress = anyio.Event()
-
-    def _wake(self) -> None:
-        # Called from the spawner and reaper threads; coalesces wake-ups into one pipe byte.
-        if not self._signalled:
-            self._signalled = True
-            try:
-                os.write(self._wfd, b"\0")
-            except BlockingIOError:
-                pass
+        self._stopping: str | None = None  # None | "term" | "kill"
+        self._stop_reason = ""
+        self._stop_deadline = 0.0
+        self._done = False
 
     async def run(self) -> None:
         self._sock.connect(self._url)
@@ -74,51 +71,50 @@ class Agent:
         log.info("agent started", node=self.node.name, daemon=self._url, cores=len(self.node.processors))
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._receive)
-                tg.start_soon(self._forward_events)
-                tg.start_soon(self._keep_alive)
-                tg.start_soon(self._run_timers)
                 tg.start_soon(self._sample)
-                await self._done.wait()
+                await self._loop()
                 tg.cancel_scope.cancel()
         finally:
             for key in self._engine.running():
                 self._engine.kill(key, reason="agent exiting", sig=signal.SIGKILL)
             await anyio.to_thread.run_sync(self._engine.stop)
-            await self._flush()
-            await self._send(wire.Kind.BYE, {"node": self.node.name})
+            self._forward()
+            self._queue(wire.Kind.BYE, {"node": self.node.name})
+            self._send_out()
             self._sock.close(linger=1000)
             self._ctx.term()
-            os.close(self._rfd)
-            os.close(self._wfd)
+            self._waiter.close()
             log.info("agent stopped", node=self.node.name)
 
-    async def _send(self, kind: str, body: dict[str, Any]) -> None:
-        await self._sock.send(wire.encode(kind, body))
-
-    async def _register(self) -> None:
-        await self._send(
-            wire.Kind.REGISTER, {"node": self.node.to_wire(), "running": [list(k) for k in self._engine.running()]}
-        )
+    async def _loop(self) -> None:
+        while not self._done:
+            for frames in drain(self._sock, 1024):
+                self._last_heard = time.monotonic()
+                self._receive(frames)
+            self._forward()
+            now = time.monotonic()
+            self._tick(now)
+            self._send_out()
+            if self._done:
+                break
+            with anyio.move_on_after(max(0.0, self._next_deadline() - time.monotonic())):
+                await self._waiter.wait()
 
     # -- inbound ----------------------------------------------------------------------------------
 
-    async def _receive(self) -> None:
-        while True:
-            frame = await self._sock.recv()
-            self._last_heard = time.monotonic()
-            try:
-                msg = wire.decode(frame, allowed=wire.TO_AGENT_KINDS | {wire.Kind.HEARTBEAT})
-                await self._handle(msg)
-            except wire.ProtocolError as exc:
-                log.warning("dropped frame from daemon", reason=str(exc))
+    def _receive(self, frames: list[bytes]) -> None:
+        try:
+            if len(frames) != 1:
+                raise wire.ProtocolError(f"{len(frames)} frames, expected 1")
+            self._handle(wire.decode(frames[0], allowed=_ALLOWED))
+        except wire.ProtocolError as exc:
+            log.warning("dropped frame from daemon", reason=str(exc))
 
-    async def _handle(self, msg: wire.Message) -> None:
+    def _handle(self, msg: wire.Message) -> None:
         if msg.kind == wire.Kind.LAUNCH:
             orders = [ProcessOrder.from_wire(o) for o in wire.field(msg.body, "orders", list)]
-            if self._stopping:
-                return
-            self._engine.submit(orders)
+            if not self._stopping:
+                self._engine.submit(orders)
         elif msg.kind == wire.Kind.KILL:
             reason = wire.field(msg.body, "reason", str)
             for raw in wire.field(msg.body, "keys", list):
@@ -132,52 +128,32 @@ class Agent:
         elif msg.kind == wire.Kind.REGISTERED:
             self._registered = True
             self._heartbeat = float(wire.opt_field(msg.body, "heartbeat_interval", (int, float), self._heartbeat))
+            self._next_beat = time.monotonic() + self._heartbeat
             log.info("registered", node=self.node.name)
         elif msg.kind == wire.Kind.HEARTBEAT:
             if not wire.opt_field(msg.body, "known", bool, True):
                 self._registered = False
-                await self._register()
+                self._next_beat = 0.0
         elif msg.kind == wire.Kind.STOP:
-            await self._stop(reason=wire.opt_field(msg.body, "reason", str, "pilot stopping"))
-
-    async def _stop(self, *, reason: str) -> None:
-        if self._stopping:
-            return
-        self._stopping = True
-        running = self._engine.running()
-        for key in running:
-            self._engine.kill(key, reason=reason)
-        with anyio.move_on_after(self._kill_grace):
-            await self._until(lambda: not self._engine.busy())
-        for key in self._engine.running():
-            self._engine.kill(key, reason=reason, sig=signal.SIGKILL)
-        with anyio.move_on_after(max(5.0, self._kill_grace)) as scope:
-            await self._until(lambda: not self._engine.busy())
-        if scope.cancelled_caught:
-            log.error("processes still unreaped after SIGKILL; exiting anyway", node=self.node.name)
-        await self._flush()
-        self._done.set()
+            self._begin_stop(wire.opt_field(msg.body, "reason", str, "pilot stopping"))
 
     # -- outbound ---------------------------------------------------------------------------------
 
-    async def _forward_events(self) -> None:
-        while True:
-            await anyio.wait_readable(self._rfd)
+    def _queue(self, kind: str, body: dict[str, Any]) -> None:
+        self._out.append(wire.encode(kind, body))
+
+    def _send_out(self) -> None:
+        """Send what is queued; what the socket cannot take now stays queued, in order."""
+        sent = 0
+        for frame in self._out:
             try:
-                os.read(self._rfd, 4096)
-            except BlockingIOError:
-                pass
-            self._signalled = False
-            await self._flush()
-            self._progress.set()
-            self._progress = anyio.Event()
+                self._sock.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            sent += 1
+        del self._out[:sent]
 
-    async def _until(self, predicate: Callable[[], bool]) -> None:
-        """Wait for ``predicate``, re-checked after every batch of process events."""
-        while not predicate():
-            await self._progress.wait()
-
-    async def _flush(self) -> None:
+    def _forward(self) -> None:
         events = self._engine.drain()
         if not events:
             return
@@ -186,50 +162,70 @@ class Agent:
                 deadline = self._engine.deadline((ev.job_id, ev.slot))
                 if deadline is not None:
                     self._add_timer(deadline, (ev.job_id, ev.slot), "walltime")
-        await self._send(wire.Kind.TASK_EVENTS, {"events": [e.to_wire() for e in events]})
+        self._queue(wire.Kind.TASK_EVENTS, {"events": [e.to_wire() for e in events]})
 
-    async def _keep_alive(self) -> None:
-        await self._register()
-        while True:
-            await anyio.sleep(self._heartbeat if self._registered else min(self._heartbeat, 0.5))
-            if not self._registered:
-                await self._register()
-                continue
-            await self._send(
-                wire.Kind.HEARTBEAT,
-                {"time": time.time(), "running": len(self._engine.running()), "load": list(os.getloadavg())},
-            )
-            if time.monotonic() - self._last_heard > self._orphan_timeout:
-                log.error("daemon silent, stopping", node=self.node.name, seconds=self._orphan_timeout)
-                await self._stop(reason=f"agent on {self.node.name} lost its daemon")
-
-    # -- timers (walltime, kill escalation) ------------------------------------------------------
+    # -- timers: heartbeat, walltime, kill escalation, stopping -----------------------------------
 
     def _add_timer(self, when: float, key: Key, action: str) -> None:
         heapq.heappush(self._timers, (when, key, action))
-        self._timer_changed.set()
 
-    async def _run_timers(self) -> None:
-        while True:
-            if not self._timers:
-                await self._timer_changed.wait()
-                self._timer_changed = anyio.Event()
-                continue
-            when, key, action = self._timers[0]
-            delay = when - time.monotonic()
-            if delay > 0:
-                with anyio.move_on_after(delay):
-                    await self._timer_changed.wait()
-                    self._timer_changed = anyio.Event()
-                continue
-            heapq.heappop(self._timers)
+    def _next_deadline(self) -> float:
+        when = self._next_beat
+        if self._timers:
+            when = min(when, self._timers[0][0])
+        if self._stopping:
+            when = min(when, self._stop_deadline)
+        return when
+
+    def _tick(self, now: float) -> None:
+        if now >= self._next_beat:
+            if self._registered:
+                self._queue(
+                    wire.Kind.HEARTBEAT,
+                    {"time": time.time(), "running": len(self._engine.running()), "load": list(os.getloadavg())},
+                )
+                self._next_beat = now + self._heartbeat
+            else:
+                self._queue(
+                    wire.Kind.REGISTER,
+                    {"node": self.node.to_wire(), "running": [list(k) for k in self._engine.running()]},
+                )
+                self._next_beat = now + min(self._heartbeat, 0.5)
+            if now - self._last_heard > self._orphan_timeout and not self._stopping:
+                log.error("daemon silent, stopping", node=self.node.name, seconds=self._orphan_timeout)
+                self._begin_stop(f"agent on {self.node.name} lost its daemon")
+        while self._timers and self._timers[0][0] <= now:
+            _, key, action = heapq.heappop(self._timers)
             if not self._engine.is_running(key):
                 continue
             if action == "walltime":
                 self._engine.kill(key, reason="walltime")
-                self._add_timer(time.monotonic() + self._kill_grace, key, "kill")
+                self._add_timer(now + self._kill_grace, key, "kill")
             else:
                 self._engine.kill(key, reason="killed", sig=signal.SIGKILL)
+        if self._stopping:
+            self._advance_stop(now)
+
+    def _begin_stop(self, reason: str) -> None:
+        if self._stopping:
+            return
+        self._stopping = "term"
+        self._stop_reason = reason
+        self._stop_deadline = time.monotonic() + self._kill_grace
+        for key in self._engine.running():
+            self._engine.kill(key, reason=reason)
+
+    def _advance_stop(self, now: float) -> None:
+        if not self._engine.busy():
+            self._done = True
+        elif now >= self._stop_deadline and self._stopping == "term":
+            for key in self._engine.running():
+                self._engine.kill(key, reason=self._stop_reason, sig=signal.SIGKILL)
+            self._stopping = "kill"
+            self._stop_deadline = now + max(5.0, self._kill_grace)
+        elif now >= self._stop_deadline:
+            log.error("processes still unreaped after SIGKILL; exiting anyway", node=self.node.name)
+            self._done = True
 
     async def _sample(self) -> None:
         while True:

@@ -36,14 +36,32 @@ def build(
     base: Mapping[str, str],
     job: Mapping[str, str],
     extra: Mapping[str, str],
+    pre: Mapping[str, str] | None = None,
+    pre_unset: list[str] | None = None,
 ) -> dict[str, str]:
     """``base`` (when inheriting), then the job's variables in order, each substituted against
-    what is set so far, then ``extra`` (rank, node file, GPUs), which the job cannot override."""
+    what is set so far, then what the job's pre_launch script changed, then ``extra`` (rank, node
+    file, GPUs), which neither can override."""
     env = dict(base) if inherit else {}
     for key, value in job.items():
         env[key] = substitute(value, env)
+    if pre:
+        env.update(pre)
+    for key in pre_unset or ():
+        env.pop(key, None)
     env.update(extra)
     return env
+
+
+#: Variables a shell sets for itself; a pre_launch script does not mean to hand them to the ranks.
+_SHELL_OWN = frozenset({"_", "SHLVL", "PWD", "OLDPWD"})
+
+
+def changes(before: Mapping[str, str], after: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """What a sourced script set (new or changed values) and unset."""
+    setv = {k: v for k, v in after.items() if before.get(k) != v and k not in _SHELL_OWN}
+    unset = [k for k in before if k not in after and k not in _SHELL_OWN]
+    return setv, unset
 
 
 def gpu_environment(gpus: list[int], *, node_has_gpus: bool) -> dict[str, str]:

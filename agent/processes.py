@@ -44,6 +44,7 @@ class Running:
     started: float  # wall clock
     started_mono: float
     env_file: str | None = None
+    env: dict[str, str] | None = None  # a pre process's environment before its script ran
     reason: str | None = None  # why the agent signalled it (walltime, canceled, ...)
     peak_tree_rss: int = 0
 
@@ -243,13 +244,14 @@ class ProcessEngine:
         if order.nodefile_hosts is not None:
             extra["PSIJ_NODEFILE"] = self._nodefile(order.nodefile_hosts)
         extra.update(environment.gpu_environment(order.gpus, node_has_gpus=bool(self._node.gpus)))
-        if order.resolved_environment:
-            env = dict(order.environment)
-            env.update(extra)
-        else:
-            env = environment.build(
-                inherit=order.inherit_environment, base=self._base_env, job=order.environment, extra=extra
-            )
+        env = environment.build(
+            inherit=order.inherit_environment,
+            base=self._base_env,
+            job=order.environment,
+            pre=order.pre_environment,
+            pre_unset=order.pre_unset,
+            extra=extra,
+        )
         env_file = None
         script = os.path.join(cwd, os.path.expanduser(order.script)) if order.script else ""
         if order.role == "rank":
@@ -298,7 +300,7 @@ class ProcessEngine:
         finally:
             for fd in set(files):
                 os.close(fd)
-        run = Running(order, popen, t0, m0, env_file)
+        run = Running(order, popen, t0, m0, env_file, env if env_file is not None else None)
         with self._lock:
             self._by_pid[popen.pid] = run
             self._by_key[key] = run
@@ -387,7 +389,9 @@ class ProcessEngine:
             "reason": run.reason,
         }
         if run.env_file is not None:
-            data["environment"] = _read_env(run.env_file)
+            after = _read_env(run.env_file)
+            if after is not None and run.env is not None:
+                data["environment"], data["unset"] = environment.changes(run.env, after)
         self._emit(Event(run.order.job_id, run.order.slot, "exited", run.started + data["wall_duration"], data))
         self._release(run.order)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from pilot import config as config_mod
 from pilot.rundir import RunDir
+from pilot.security import SecurityError
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     except config_mod.ConfigError as exc:
         print(f"pilot: config error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except SecurityError as exc:
+        print(f"pilot: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _rundir(args: argparse.Namespace) -> RunDir:

@@ -259,6 +259,11 @@ class Daemon:
                     f"JobSpec.launcher {description.launcher!r} is not available in this pilot; "
                     f"use one of {', '.join(LAUNCHERS)}"
                 )
+            if description.launcher == "srun" and self.lrm.kind != "slurm":
+                raise DescriptionError(
+                    f"JobSpec.launcher 'srun' needs a Slurm allocation, and this pilot's is {self.lrm.kind!r}; "
+                    "use 'multiple' or 'mpirun'"
+                )
             reason = never_fits(description.resources, self._capacity())
             if reason is not None:
                 raise DescriptionError(f"the job can never run in this allocation: it {reason}")
@@ -410,9 +415,10 @@ class Daemon:
             if plan.order.role == "pre":
                 env = data.get("environment")
                 if isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-                    env.pop("_", None)
-                    env.pop("SHLVL", None)
                     job.environment = env
+                unset = data.get("unset")
+                if isinstance(unset, list) and all(isinstance(k, str) for k in unset):
+                    job.unset = unset
             self._process_done(job, slot, result)
         else:
             raise wire.ProtocolError(f"unknown task event kind {kind!r}")
@@ -466,6 +472,7 @@ class Daemon:
         )
         for p in plans:
             p.order.truncate_output = False
+            p.order.pre_unset = list(job.unset)
             p.order.walltime = self._walltime_left(job)
             self._dispatch(job, p)
 
@@ -484,8 +491,9 @@ class Daemon:
             slot=slot,
             role=role,
             executable="/bin/sh",
-            environment=env if env is not None else d.environment,
-            resolved_environment=env is not None,
+            environment=d.environment,
+            pre_environment=env or {},
+            pre_unset=list(job.unset),
             inherit_environment=d.inherit_environment,
             directory=job_directory(d),
             stdout_path=d.stdout_path,

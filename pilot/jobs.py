@@ -42,7 +42,8 @@ class JobRecord:
     held: list[bool] = field(default_factory=list)  # per rank: slots still taken
     processes: dict[int, PlannedProcess] = field(default_factory=dict)  # slot -> plan, while outstanding
     results: dict[int, ProcessResult] = field(default_factory=dict)
-    environment: dict[str, str] | None = None  # captured after pre_launch
+    environment: dict[str, str] | None = None  # what pre_launch set
+    unset: list[str] = field(default_factory=list)  # what pre_launch unset
     cancel_reason: str | None = None
     started: float | None = None
     ended: float | None = None

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pilot.security import KeyStore, check_private_dir, make_private_dir
+
 INFO_FILE = "pilot.json"
 _SUN_PATH_MAX = 100  # sockaddr_un.sun_path is 108 bytes with the terminator; keep a margin
 
@@ -46,6 +48,10 @@ class RunDir:
     def agents_dir(self) -> Path:
         return self.path / "agents"
 
+    @property
+    def keys_dir(self) -> Path:
+        return self.path / "keys"
+
     def socket_dir(self) -> Path:
         """Where ipc sockets go: the run dir, or a private short path when the run dir's is too long."""
         if len(str(self.path / "client.sock")) < _SUN_PATH_MAX:
@@ -54,12 +60,27 @@ class RunDir:
         return Path(tempfile.gettempdir()) / f"pilot-{os.getuid()}-{digest}"
 
     def create(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.path, 0o700)
-        self.agents_dir.mkdir(exist_ok=True, mode=0o700)
+        """Create the directories private, or check that existing ones are: a run directory others can
+        enter exposes the ipc sockets and keys, so it raises :class:`pilot.security.SecurityError`
+        (naming the path and the ``chmod`` that fixes it) instead of being silently repaired."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.path)
+        make_private_dir(self.agents_dir, what="agents directory")
         sd = self.socket_dir()
-        sd.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(sd, 0o700)
+        if sd != self.path:
+            make_private_dir(sd, what="socket directory")
+
+    def check(self) -> None:
+        """Refuse a run directory (or socket directory) that others can enter or that is not ours;
+        for clients, before they trust the sockets and info they find there."""
+        check_private_dir(self.path)
+        sd = self.socket_dir()
+        if sd != self.path:
+            check_private_dir(sd, what="socket directory")
+
+    def keys(self) -> KeyStore:
+        """The pilot's CURVE keys, generated on first use; call with the run directory's lock held."""
+        return KeyStore.open(self.keys_dir)
 
     def write_info(self, info: dict[str, Any]) -> None:
         tmp = self.info_file.with_suffix(".tmp")

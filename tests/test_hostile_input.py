@@ -181,7 +181,7 @@ REJECTED: list[tuple[str, str, dict[str, Any], str]] = [
     ),
     ("an environment of numbers", Kind.SUBMIT, _job(environment={"A": 1}), "environment must map strings to strings"),
     ("a relative directory", Kind.SUBMIT, _job(directory="../../etc"), "must be absolute"),
-    ("a launcher the pilot lacks", Kind.SUBMIT, _job(launcher="mpirun"), "launcher 'mpirun' is not available"),
+    ("srun outside a Slurm allocation", Kind.SUBMIT, _job(launcher="srun"), "'srun' needs a Slurm allocation"),
     ("too many arguments", Kind.SUBMIT, _job(arguments=["x"] * 70_000), "more than 65536 items"),
     ("cancel ids not strings", Kind.CANCEL, {"ids": [1, 2]}, "bad cancel request: field 'ids' must be a list"),
     ("cancel of no such job", Kind.CANCEL, {"ids": ["424242"]}, "no job '424242' in this pilot"),

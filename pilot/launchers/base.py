@@ -36,8 +36,8 @@ class Launcher(ABC):
         hosts: list[str],
         environment: dict[str, str] | None,
     ) -> list[PlannedProcess]:
-        """Process orders for the rank phase. ``environment`` is the resolved one captured after
-        pre_launch, or None to let the agent build it from the description."""
+        """Process orders for the rank phase. ``environment`` holds what the job's pre_launch script
+        set (applied over each node's own environment), or None when there was none."""
 
 
 def rank_order(
@@ -58,8 +58,8 @@ def rank_order(
         role="rank",
         executable=d.executable,
         arguments=d.arguments,
-        environment=environment if environment is not None else d.environment,
-        resolved_environment=environment is not None,
+        environment=d.environment,
+        pre_environment=environment or {},
         inherit_environment=d.inherit_environment,
         directory=job_directory(d),
         stdin_path=d.stdin_path,

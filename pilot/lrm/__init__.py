@@ -6,9 +6,16 @@ from typing import Any
 
 from pilot.config import ConfigError
 from pilot.lrm.base import Allocation, AllocationRequest, AllocationState, LrmExecutor
+from pilot.lrm.flux import FluxExecutor
 from pilot.lrm.local import LocalExecutor
+from pilot.lrm.lsf import LsfExecutor
+from pilot.lrm.pbs import PbsExecutor
+from pilot.lrm.sge import SgeExecutor
+from pilot.lrm.slurm import SlurmExecutor
 
-_REGISTRY: dict[str, type[LrmExecutor]] = {LocalExecutor.kind: LocalExecutor}
+_REGISTRY: dict[str, type[LrmExecutor]] = {
+    cls.kind: cls for cls in (LocalExecutor, SlurmExecutor, PbsExecutor, LsfExecutor, FluxExecutor, SgeExecutor)
+}
 
 
 def create(kind: str, *, options: dict[str, Any], source: str) -> LrmExecutor:

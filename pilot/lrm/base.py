@@ -51,6 +51,13 @@ class Allocation:
     submitted: float = field(default_factory=time.time)
     started: float | None = None
     walltime: float | None = None
+    #: Node names as the batch system lists them once the allocation runs (agents register under these).
+    hosts: list[str] = field(default_factory=list)
+    #: The batch system's own state word and reason (``PENDING``/``Priority``), shown as they are.
+    native_state: str = ""
+    reason: str = ""
+    #: The batch job's exit code once it has ended, when the batch system tells it.
+    exit_code: int | None = None
 
     def to_status(self) -> dict[str, Any]:
         remaining = None
@@ -66,6 +73,10 @@ class Allocation:
             "started": self.started,
             "walltime": self.walltime,
             "remaining": remaining,
+            "hosts": self.hosts,
+            "native_state": self.native_state,
+            "reason": self.reason,
+            "exit_code": self.exit_code,
         }
 
 
@@ -83,11 +94,14 @@ class LrmExecutor(ABC):
 
     @abstractmethod
     async def submit(self, request: AllocationRequest) -> Allocation:
-        """Ask for the allocation; returns at once with its native id and first state."""
+        """Ask for the allocation; returns at once with its native id and first state. A refusal by the
+        batch system (bad partition, no such account) comes back as a FAILED allocation whose
+        ``message`` carries the batch system's own error, not as an exception."""
 
     @abstractmethod
     async def poll(self, allocations: Sequence[Allocation]) -> None:
-        """Refresh the state of every allocation in one query (never one call per allocation)."""
+        """Refresh the state of every allocation in one query (never one call per allocation).
+        May be called often: batch executors rate-limit themselves (``poll_interval``)."""
 
     @abstractmethod
     async def cancel(self, allocation: Allocation) -> None:

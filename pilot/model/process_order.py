@@ -5,7 +5,7 @@ Launchers (in the daemon) turn a placed job into process orders; agents only spa
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from pilot import wire
@@ -25,8 +25,10 @@ class ProcessOrder:
     executable: str
     arguments: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
-    #: True when ``environment`` is the complete, already substituted environment (captured after pre_launch).
-    resolved_environment: bool = False
+    #: What the job's pre_launch script set and unset, applied over the environment each node builds
+    #: (never the launching node's whole environment: node-local variables stay local).
+    pre_environment: dict[str, str] = field(default_factory=dict)
+    pre_unset: list[str] = field(default_factory=list)
     inherit_environment: bool = True
     directory: str = ""
     stdin_path: str | None = None
@@ -43,7 +45,8 @@ class ProcessOrder:
     after_cores: bool = False
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+        # Not dataclasses.asdict: it deep-copies every list and map, ~170 us per order on the hot path.
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod
     def from_wire(cls, raw: Any) -> ProcessOrder:
@@ -57,7 +60,8 @@ class ProcessOrder:
             raise wire.ProtocolError(f"unknown process role {role!r}")
         env = wire.opt_field(raw, "environment", dict, {})
         rank_env = wire.opt_field(raw, "rank_environment", dict, {})
-        for m in (env, rank_env):
+        pre_env = wire.opt_field(raw, "pre_environment", dict, {})
+        for m in (env, rank_env, pre_env):
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in m.items()):
                 raise wire.ProtocolError("environments must map strings to strings")
         hosts = raw.get("nodefile_hosts")
@@ -68,7 +72,8 @@ class ProcessOrder:
             executable=wire.field(raw, "executable", str),
             arguments=wire.str_list(raw, "arguments"),
             environment=env,
-            resolved_environment=wire.field(raw, "resolved_environment", bool),
+            pre_environment=pre_env,
+            pre_unset=wire.str_list(raw, "pre_unset") if raw.get("pre_unset") is not None else [],
             inherit_environment=wire.field(raw, "inherit_environment", bool),
             directory=wire.field(raw, "directory", str),
             stdin_path=wire.opt_field(raw, "stdin_path", str),
@@ -85,4 +90,5 @@ class ProcessOrder:
         )
 
 
-_FIELDS: Final = frozenset(ProcessOrder.__dataclass_fields__)
+_FIELD_NAMES: Final = tuple(f.name for f in fields(ProcessOrder))
+_FIELDS: Final = frozenset(_FIELD_NAMES)

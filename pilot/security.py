@@ -1,0 +1,782 @@
+"""Security building blocks: a private run directory, CURVE keys, a ZAP gate, and secret-free logs.
+
+A login node is shared by hundreds of users, so a pilot is closed by default:
+
+- local clients use ``ipc://`` sockets in a directory only the user can enter (:func:`check_private_dir`);
+- agents and remote clients cross the network, so they speak ZeroMQ CURVE (:func:`secure_server`,
+  :func:`secure_client`) and pin the daemon's public key, which a process stealing the port cannot prove;
+- a ZAP handler (:class:`ZapAuthenticator`) admits only the public keys this pilot generated, so a
+  connection without the right key is refused in the handshake and never reaches the daemon's logic;
+- keys live in ``<rundir>/keys`` as 0600 files (:class:`KeyStore`), reach agents through the environment
+  or a private file (:func:`credentials_env`, :func:`credentials_from_env`), never a command line;
+- log events lose task environments and secret-looking values (:class:`RedactSecrets`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import pwd
+import re
+import shlex
+import socket
+import stat
+import time
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import psutil
+import structlog
+import zmq
+from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
+
+log = structlog.get_logger("pilot.security")
+
+#: ZAP domains: one per socket role, so a remote client's key can never register as an agent.
+AGENT_DOMAIN: Final = "pilot.agents"
+CLIENT_DOMAIN: Final = "pilot.clients"
+
+#: Where libzmq sends ZAP requests (fixed by RFC 27).
+ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
+
+#: Environment variables carrying an agent's credentials. They start with ``PILOT_CURVE_``, which
+#: ``agent.environment.PRIVATE_PREFIXES`` keeps out of every task's environment.
+ENV_SERVER_KEY: Final = "PILOT_CURVE_SERVER_KEY"
+ENV_PUBLIC_KEY: Final = "PILOT_CURVE_PUBLIC_KEY"
+ENV_SECRET_KEY: Final = "PILOT_CURVE_SECRET_KEY"
+ENV_FILE: Final = "PILOT_CURVE_FILE"
+CREDENTIAL_VARIABLES: Final = (ENV_SERVER_KEY, ENV_PUBLIC_KEY, ENV_SECRET_KEY, ENV_FILE)
+
+ROLES: Final = ("daemon", "agent", "client")
+
+
+class SecurityError(RuntimeError):
+    """Something would expose the pilot to other users; the message names the path and the fix."""
+
+
+# -- file-system checks --------------------------------------------------------------------------------
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _stat(path: Path, what: str) -> os.stat_result:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        raise SecurityError(f"{what} {path} does not exist") from None
+
+
+def check_private_dir(path: Path, *, what: str = "run directory") -> None:
+    """Refuse a directory others can enter, that is not ours, or that others could swap under us.
+
+    The ipc sockets and key files inside it are protected by nothing else.
+    """
+    st = _stat(path, what)
+    q = shlex.quote(str(path))
+    if not stat.S_ISDIR(st.st_mode):
+        raise SecurityError(f"{what} {path} is not a directory; remove it or pick another run directory")
+    if st.st_uid != os.getuid():
+        raise SecurityError(
+            f"{what} {path} belongs to {_owner(st.st_uid)}, not to you ({_owner(os.getuid())}), who could "
+            f"read or replace its sockets and keys; remove it or pick another run directory "
+            f"(--rundir or PILOT_HOME)"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        raise SecurityError(
+            f"{what} {path} is accessible by other users (mode {stat.filemode(st.st_mode)}, {mode:04o}); "
+            f"make it private: chmod 700 {q}"
+        )
+    parent = path.resolve().parent
+    pst = os.stat(parent)
+    if pst.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not pst.st_mode & stat.S_ISVTX:
+        raise SecurityError(
+            f"{what} {path} sits in {parent}, which other users can write to, so they could replace it; "
+            f"run: chmod go-w {shlex.quote(str(parent))}, or pick another run directory"
+        )
+
+
+def check_private_file(path: Path, *, what: str = "key file") -> None:
+    """Refuse a key file another user could read (or one that is not ours): it would let them in."""
+    st = _stat(path, what)
+    if not stat.S_ISREG(st.st_mode):
+        raise SecurityError(f"{what} {path} is not a regular file; remove it and run 'pilot up' again")
+    if st.st_uid != os.getuid():
+        raise SecurityError(
+            f"{what} {path} belongs to {_owner(st.st_uid)}, not to you; remove it and run 'pilot up' again "
+            f"to generate a new one"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        raise SecurityError(
+            f"{what} {path} is readable by other users (mode {stat.filemode(st.st_mode)}, {mode:04o}); "
+            f"run: chmod 600 {shlex.quote(str(path))} (and consider the key leaked: remove the keys "
+            f"directory to get new ones)"
+        )
+
+
+def make_private_dir(path: Path, *, what: str = "run directory") -> None:
+    """Create ``path`` as 0700 if missing, then check it. An existing directory is never chmod-ed:
+    silently fixing it would hide that its contents were exposed."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(path, 0o700)  # the umask may have removed owner bits; it never adds any
+    check_private_dir(path, what=what)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` as 0600 from the first byte (atomic replace; no window where others read)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", closefd=False) as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+# -- keys ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPair:
+    """A CURVE key pair, Z85-encoded (40 bytes each). The secret stays out of ``repr``, hence out of logs."""
+
+    public: bytes
+    secret: bytes = field(repr=False)
+
+    @classmethod
+    def generate(cls) -> KeyPair:
+        public, secret = zmq.curve_keypair()
+        return cls(public, secret)
+
+    @classmethod
+    def from_secret(cls, secret: bytes) -> KeyPair:
+        return cls(zmq.curve_public(secret), secret)
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What a connecting peer (agent, remote client) needs: the daemon's public key to pin, its own pair."""
+
+    server_public: bytes
+    keys: KeyPair
+
+
+_KEY_LINE: Final = re.compile(r'^\s*(public-key|secret-key|server-key)\s*=\s*"([^"]*)"\s*$')
+
+
+def _valid_key(value: bytes) -> bool:
+    if len(value) != 40:
+        return False
+    try:
+        return len(z85.decode(value)) == 32
+    except (ValueError, KeyError):
+        return False
+
+
+def read_key_file(path: Path) -> dict[str, bytes]:
+    """The ``public-key`` / ``secret-key`` / ``server-key`` lines of a ZPL key file (as ``zmq.auth`` writes
+    them), after checking that only the user can read it."""
+    check_private_file(path)
+    found: dict[str, bytes] = {}
+    for line in path.read_text().splitlines():
+        m = _KEY_LINE.match(line)
+        if m:
+            value = m.group(2).encode()
+            if not _valid_key(value):
+                raise SecurityError(f"{path}: {m.group(1)} is not a Z85 CURVE key; remove the file to regenerate it")
+            found[m.group(1)] = value
+    return found
+
+
+def _key_file_text(kind: str, keys: Mapping[str, bytes]) -> str:
+    lines = [
+        f"#   ****  Generated by pilot on {time.strftime('%Y-%m-%d %H:%M:%S')}  ****",
+        f"#   ZeroMQ CURVE {kind}",
+        "#   Keep this file private (chmod 600); never pass its contents on a command line.",
+        "",
+        "metadata",
+        "curve",
+    ]
+    lines += [f'    {name} = "{value.decode()}"' for name, value in keys.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_key_pair(directory: Path, name: str, keys: KeyPair) -> None:
+    """``<name>.key`` (public) and ``<name>.key_secret`` (both), 0600, readable by ``zmq.auth.load_certificate``."""
+    write_private(directory / f"{name}.key", _key_file_text("Public Certificate", {"public-key": keys.public}))
+    write_private(
+        directory / f"{name}.key_secret",
+        _key_file_text("**Secret** Certificate", {"public-key": keys.public, "secret-key": keys.secret}),
+    )
+
+
+def read_key_pair(path: Path) -> KeyPair:
+    """The pair in a ``.key_secret`` file; the public key is recomputed, so a corrupted file is caught."""
+    found = read_key_file(path)
+    if "secret-key" not in found:
+        raise SecurityError(f"{path} holds no secret-key; remove it and run 'pilot up' again to regenerate it")
+    keys = KeyPair.from_secret(found["secret-key"])
+    if found.get("public-key", keys.public) != keys.public:
+        raise SecurityError(f"{path}: its public-key does not match its secret-key; remove the file to regenerate it")
+    return keys
+
+
+@dataclass(frozen=True, slots=True)
+class KeyStore:
+    """The pilot's CURVE keys in ``<rundir>/keys``: generated at the first ``pilot up``, loaded on restart
+    (agents of a surviving allocation keep working), refused if another user could read them.
+
+    ``daemon`` is the server pair; ``agent`` is shared by every agent of this pilot; ``client`` is for
+    remote clients. Extra remote clients are admitted by dropping their public ``*.key`` files in
+    ``keys/authorized/``.
+    """
+
+    path: Path
+    daemon: KeyPair
+    agent: KeyPair
+    client: KeyPair
+    authorized_clients: Mapping[bytes, str] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, path: Path) -> KeyStore:
+        make_private_dir(path, what="key directory")
+        pairs: dict[str, KeyPair] = {}
+        for role in ROLES:
+            secret_file = path / f"{role}.key_secret"
+            if secret_file.exists():
+                pairs[role] = read_key_pair(secret_file)
+                public_file = path / f"{role}.key"
+                if not public_file.exists() or read_key_file(public_file).get("public-key") != pairs[role].public:
+                    write_key_pair(path, role, pairs[role])
+            else:
+                pairs[role] = KeyPair.generate()
+                write_key_pair(path, role, pairs[role])
+                log.info("generated CURVE key pair", role=role, public=pairs[role].public.decode())
+        authorized = path / "authorized"
+        make_private_dir(authorized, what="authorized keys directory")
+        extra: dict[bytes, str] = {}
+        for f in sorted(authorized.glob("*.key")):
+            public = read_key_file(f).get("public-key")
+            if public is None:
+                raise SecurityError(f"{f} holds no public-key line; fix or remove it")
+            extra[public] = f"authorized/{f.stem}"
+        return cls(path, pairs["daemon"], pairs["agent"], pairs["client"], extra)
+
+    def policy(self) -> dict[str, dict[bytes, str]]:
+        """Per ZAP domain, the public keys let in and the user id each gets."""
+        return {
+            AGENT_DOMAIN: {self.agent.public: "agent"},
+            CLIENT_DOMAIN: {self.client.public: "client", **self.authorized_clients},
+        }
+
+    def agent_credentials(self) -> Credentials:
+        return Credentials(self.daemon.public, self.agent)
+
+    def client_credentials(self) -> Credentials:
+        return Credentials(self.daemon.public, self.client)
+
+    def write_credentials_file(self, role: str) -> Path:
+        """``<role>.credentials`` (0600): everything an ``agent`` or a remote ``client`` needs in one file,
+        for batch systems that show a job's environment to others, or to copy to another host."""
+        creds = {"agent": self.agent_credentials, "client": self.client_credentials}[role]()
+        path = self.path / f"{role}.credentials"
+        write_credentials(path, creds)
+        return path
+
+
+def read_client_credentials(keys_dir: Path) -> Credentials:
+    """A local client's credentials for the daemon's tcp endpoint, from the run directory's keys (read
+    only: a client never generates keys; a missing file means no pilot was started there)."""
+    server = read_key_file(keys_dir / "daemon.key").get("public-key")
+    if server is None:
+        raise SecurityError(f"{keys_dir / 'daemon.key'} holds no public-key; restart the pilot to regenerate it")
+    return Credentials(server, read_key_pair(keys_dir / "client.key_secret"))
+
+
+# -- handing credentials to agents --------------------------------------------------------------------
+
+
+def credentials_env(creds: Credentials) -> dict[str, str]:
+    """Variables to put in the batch job's environment (never on its command line: ``ps`` shows that to
+    everyone; ``/proc/<pid>/environ`` is readable only by the user)."""
+    return {
+        ENV_SERVER_KEY: creds.server_public.decode(),
+        ENV_PUBLIC_KEY: creds.keys.public.decode(),
+        ENV_SECRET_KEY: creds.keys.secret.decode(),
+    }
+
+
+def credentials_file_env(path: Path) -> dict[str, str]:
+    """The variable pointing an agent at a credentials file written by :func:`write_credentials`."""
+    return {ENV_FILE: str(path)}
+
+
+def write_credentials(path: Path, creds: Credentials) -> None:
+    write_private(
+        path,
+        _key_file_text(
+            "Client Credentials",
+            {"server-key": creds.server_public, "public-key": creds.keys.public, "secret-key": creds.keys.secret},
+        ),
+    )
+
+
+def read_credentials(path: Path) -> Credentials:
+    found = read_key_file(path)
+    missing = [k for k in ("server-key", "secret-key") if k not in found]
+    if missing:
+        raise SecurityError(f"credentials file {path} lacks {', '.join(missing)}; write it with write_credentials")
+    keys = KeyPair.from_secret(found["secret-key"])
+    return Credentials(found["server-key"], keys)
+
+
+def credentials_from_env(environ: MutableMapping[str, str] | None = None, *, remove: bool = True) -> Credentials | None:
+    """An agent's credentials from its environment (the keys, or ``PILOT_CURVE_FILE``); None when there
+    are none (a local pilot over ipc). With ``remove`` the variables leave the process environment, so
+    nothing the agent starts inherits them."""
+    env = os.environ if environ is None else environ
+    try:
+        if env.get(ENV_FILE):
+            return read_credentials(Path(env[ENV_FILE]))
+        given = [v for v in (ENV_SERVER_KEY, ENV_PUBLIC_KEY, ENV_SECRET_KEY) if env.get(v)]
+        if not given:
+            return None
+        if ENV_SERVER_KEY not in given or ENV_SECRET_KEY not in given:
+            absent = [v for v in (ENV_SERVER_KEY, ENV_SECRET_KEY) if v not in given]
+            raise SecurityError(f"incomplete agent credentials: {', '.join(absent)} not set")
+        server, secret = env[ENV_SERVER_KEY].encode(), env[ENV_SECRET_KEY].encode()
+        for name, value in ((ENV_SERVER_KEY, server), (ENV_SECRET_KEY, secret)):
+            if not _valid_key(value):
+                raise SecurityError(f"{name} is not a Z85 CURVE key (40 characters)")
+        keys = KeyPair.from_secret(secret)
+        public = env.get(ENV_PUBLIC_KEY)
+        if public and public.encode() != keys.public:
+            raise SecurityError(f"{ENV_PUBLIC_KEY} does not match {ENV_SECRET_KEY}")
+        return Credentials(server, keys)
+    finally:
+        if remove:
+            for v in CREDENTIAL_VARIABLES:
+                env.pop(v, None)
+
+
+# -- sockets ------------------------------------------------------------------------------------------
+
+
+def secure_server(sock: zmq.Socket[Any], keys: KeyPair, *, domain: str) -> None:
+    """Make endpoints bound *from now on* CURVE servers whose peers ZAP ``domain`` must admit.
+
+    libzmq copies security options into each endpoint at bind time, so an ``ipc://`` endpoint bound
+    before this call stays NULL (file-system protected) while the tcp one bound after is CURVE.
+    ``ZAP_ENFORCE_DOMAIN`` fails closed: with no ZAP handler, every peer is refused (without it,
+    libzmq would admit any key).
+    """
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    sock.setsockopt(zmq.ZAP_DOMAIN, domain.encode())
+    try:
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+    except zmq.ZMQError:  # a libzmq built without it: only the authenticator's start() order protects
+        log.warning("this libzmq cannot enforce ZAP; start the ZapAuthenticator before binding", domain=domain)
+
+
+def secure_client(sock: zmq.Socket[Any], creds: Credentials) -> None:
+    """Make connections made *from now on* CURVE clients that talk only to the holder of the daemon's secret
+    key: a process that steals the port cannot complete the handshake, so nothing is sent to it."""
+    sock.setsockopt(zmq.CURVE_SERVERKEY, creds.server_public)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, creds.keys.public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, creds.keys.secret)
+
+
+class _Throttle:
+    """At most one log line per key per ``interval``; the others are counted, so a reconnect storm
+    (a peer retrying every 100 ms) cannot flood the log."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self._last: dict[Any, tuple[float, int]] = {}
+
+    def __call__(self, key: Any) -> int | None:
+        """None to stay quiet, else how many were suppressed since the last line."""
+        now = time.monotonic()
+        last, suppressed = self._last.get(key, (-self.interval, 0))
+        if now - last < self.interval:
+            self._last[key] = (last, suppressed + 1)
+            return None
+        if len(self._last) > 4096:
+            self._last.clear()
+        self._last[key] = (now, 0)
+        return suppressed
+
+
+async def wait_readable(sock: zmq.Socket[Any]) -> None:
+    """Until ``sock`` (a plain, synchronous socket) has a message, without blocking the event loop.
+
+    ZMQ_FD is edge-like: it only says ZMQ_EVENTS must be re-read, so that is checked before sleeping.
+    Only the task that owns ``sock`` may call this (one waiter per file descriptor).
+    """
+    fd = sock.getsockopt(zmq.FD)
+    assert isinstance(fd, int)
+    while True:
+        events = sock.getsockopt(zmq.EVENTS)
+        assert isinstance(events, int)
+        if events & zmq.POLLIN:
+            return
+        await anyio.wait_readable(fd)
+
+
+def _plain(ctx: zmq.Context[Any]) -> zmq.Context[zmq.Socket[bytes]]:
+    """A synchronous view of ``ctx`` (which may be a ``zmq.asyncio.Context``): same libzmq context,
+    so same inproc namespace (ZAP, monitors), but sockets driven with NOBLOCK calls and :func:`wait_readable`."""
+    return zmq.Context.shadow(ctx.underlying)
+
+
+class ZapAuthenticator:
+    """The ZAP handler of a daemon's context: per domain, only the listed CURVE public keys get in.
+
+    Runs as its own task on the daemon's event loop (no thread), on a plain or a ``zmq.asyncio``
+    context alike. Refusals are logged with the peer's address and key. Call :meth:`start` before
+    binding any endpoint secured by :func:`secure_server`, run :meth:`serve` in the task group, and
+    :meth:`close` (idempotent; ``serve`` does it when cancelled) before ``ctx.term()``.
+    """
+
+    def __init__(self, ctx: zmq.Context[Any], policy: Mapping[str, Mapping[bytes, str]]) -> None:
+        self._ctx = _plain(ctx)
+        self._policy: dict[str, dict[bytes, str]] = {d: dict(keys) for d, keys in policy.items()}
+        self._sock: zmq.Socket[bytes] | None = None
+        self._throttle = _Throttle()
+        self.accepted = 0
+        self.refused = 0
+
+    def allow(self, domain: str, public_key: bytes, user_id: str) -> None:
+        """Admit one more key (e.g. a remote client's), effective for the next handshake."""
+        self._policy.setdefault(domain, {})[public_key] = user_id
+
+    def revoke(self, domain: str, public_key: bytes) -> None:
+        """Refuse a key from the next handshake on (connections already up stay up)."""
+        self._policy.get(domain, {}).pop(public_key, None)
+
+    def start(self) -> None:
+        """Bind the ZAP endpoint now (synchronous), so handshakes queue for :meth:`serve` from the start."""
+        if self._sock is not None:
+            return
+        sock = self._ctx.socket(zmq.REP)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.bind(ZAP_ENDPOINT)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise SecurityError(
+                f"cannot bind the ZAP handler ({exc}): this context already has one (one per context)"
+            ) from None
+        self._sock = sock
+
+    async def serve(self) -> None:
+        """Answer ZAP requests until cancelled."""
+        self.start()
+        sock = self._sock
+        assert sock is not None
+        try:
+            while True:
+                await wait_readable(sock)
+                while True:
+                    try:
+                        request = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    sock.send_multipart(self.decide(request), zmq.NOBLOCK)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    def decide(self, request: list[bytes]) -> list[bytes]:
+        """The reply to one ZAP request (RFC 27): 200 with the key's user id, or 400."""
+        if len(request) < 6:
+            log.warning("malformed ZAP request", frames=len(request))
+            return [b"1.0", request[1] if len(request) > 1 else b"", b"500", b"malformed request", b"", b""]
+        version, request_id, domain_b, address_b, _identity, mechanism = request[:6]
+        credentials = request[6:]
+        domain = domain_b.decode(errors="replace")
+        address = address_b.decode(errors="replace")
+        key: bytes | None = None
+        if mechanism == b"CURVE" and len(credentials) == 1 and len(credentials[0]) == 32:
+            key = z85.encode(credentials[0])
+        user_id = self._policy.get(domain, {}).get(key) if key is not None and version == b"1.0" else None
+        if user_id is not None:
+            self.accepted += 1
+            log.debug("connection admitted", address=address, domain=domain, user=user_id)
+            return [b"1.0", request_id, b"200", b"OK", user_id.encode(), b""]
+        self.refused += 1
+        reason = (
+            f"mechanism {mechanism.decode(errors='replace')}, not CURVE"
+            if mechanism != b"CURVE"
+            else "public key not authorized"
+        )
+        suppressed = self._throttle((address, domain, mechanism, key))
+        if suppressed is not None:
+            log.warning(
+                "connection refused",
+                address=address,
+                domain=domain,
+                peer_public=key.decode() if key else None,
+                reason=reason,
+                **({"suppressed_since_last": suppressed} if suppressed else {}),
+            )
+        return [b"1.0", request_id, b"400", reason.encode(), b"", b""]
+
+
+#: Socket-monitor events of failed handshakes (see :func:`handshake_failure`).
+HANDSHAKE_EVENTS: Final = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+def _protocol_error(value: int) -> str:
+    with contextlib.suppress(ValueError):
+        name = zmq.Event(value).name
+        if name and name.startswith("PROTOCOL_ERROR_"):
+            return name.removeprefix("PROTOCOL_ERROR_").lower().replace("_", " ")
+    return f"protocol error {value:#x}"
+
+
+def handshake_failure(event: int, value: int, *, server: bool) -> str | None:
+    """Why a handshake failed, from a socket-monitor event; None for events that are not a failure worth
+    a line (on a server, ZAP refusals: :class:`ZapAuthenticator` logs those with the peer's address).
+
+    For a socket that already has a monitor (one per socket), add ``HANDSHAKE_EVENTS`` to its mask and
+    call this from its loop instead of running :func:`watch_handshakes`.
+    """
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return None if server else f"the daemon refused this key (ZAP status {value})"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            return "one side speaks CURVE, the other does not"
+        if value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+            if server:
+                return "the peer's handshake does not decrypt: it does not use this daemon's public key"
+            return "the server's handshake does not decrypt: it does not hold the daemon's key"
+        return _protocol_error(value)
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        reason = f"connection closed during the handshake ({os.strerror(value) if value else 'no detail'})"
+        if not server:
+            reason += ": the server may not hold the daemon's key (or it is stopping)"
+        return reason
+    return None
+
+
+async def watch_handshakes(
+    sock: zmq.Socket[Any], *, server: bool, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Log handshakes of ``sock`` (plain or ``zmq.asyncio``) that fail, until cancelled. Start it with
+    ``await tg.start(...)`` before the socket binds or connects, so no early handshake goes unwatched.
+
+    On a server this catches peers that never reach ZAP (no CURVE, a wrong daemon key); libzmq's
+    monitor names only our endpoint for those, ZAP logs the others with their address. On a client
+    (agent) it says why the daemon cannot be reached: an impostor on the port, or a key refused.
+    A socket has one monitor at most: one that already has one calls :func:`handshake_failure` instead.
+    """
+    address = f"inproc://pilot.handshakes.{id(sock):x}"
+    sock.monitor(address, HANDSHAKE_EVENTS)
+    mon = _plain(sock.context).socket(zmq.PAIR)
+    mon.setsockopt(zmq.LINGER, 0)
+    mon.connect(address)
+    throttle = _Throttle()
+    task_status.started()
+    try:
+        while True:
+            await wait_readable(mon)
+            while True:
+                try:
+                    ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                reason = handshake_failure(int(ev["event"]), int(ev["value"]), server=server)
+                if reason is None:
+                    continue
+                endpoint = bytes(ev["endpoint"]).decode(errors="replace")
+                suppressed = throttle((endpoint, reason))
+                if suppressed is not None:
+                    log.warning(
+                        "handshake refused" if server else "handshake with the daemon failed",
+                        endpoint=endpoint,
+                        reason=reason,
+                        **({"suppressed_since_last": suppressed} if suppressed else {}),
+                    )
+    finally:
+        with contextlib.suppress(zmq.ZMQError):
+            sock.disable_monitor()
+        mon.close(linger=0)
+
+
+# -- where to bind ------------------------------------------------------------------------------------
+
+
+def bind_host(spec: str | None = None, *, local: bool = False) -> str:
+    """The address to bind TCP endpoints on, narrow by default.
+
+    ``spec``: an IP address, a host name, or an interface name (``ib0``); ``*`` / ``0.0.0.0`` only when
+    asked for explicitly. None: ``127.0.0.1`` for a ``local`` allocation, else the address this host's
+    name resolves to (what compute nodes use to reach a login node), else the default route's.
+    Resolution may block briefly: call it before the event loop, or through ``anyio.to_thread``.
+    """
+    if spec in ("*", "0.0.0.0", "::"):
+        log.warning("binding on every interface, as configured", bind=spec)
+        return "0.0.0.0" if spec == "*" else spec
+    if spec is None or spec == "":
+        if local:
+            return "127.0.0.1"
+        addr = _resolve(socket.gethostname())
+        if addr is not None and not ipaddress.ip_address(addr).is_loopback:
+            return addr
+        addr = _route_address()
+        if addr is not None:
+            return addr
+        raise SecurityError(
+            "cannot tell which address compute nodes reach this host on; set the bind address in the config "
+            "(an IP address, a host name, or an interface name such as ib0)"
+        )
+    interfaces = psutil.net_if_addrs()
+    if spec in interfaces:
+        for a in interfaces[spec]:
+            if a.family == socket.AF_INET:
+                return str(a.address)
+        raise SecurityError(f"interface {spec} has no IPv4 address; name another interface or an address")
+    try:
+        return str(ipaddress.ip_address(spec))
+    except ValueError:
+        pass
+    addr = _resolve(spec)
+    if addr is None:
+        raise SecurityError(
+            f"bind address {spec!r} is neither an IP address, a host name that resolves, nor an interface "
+            f"of this host ({', '.join(sorted(interfaces))})"
+        )
+    return addr
+
+
+def tcp_endpoint(host: str, port: int | str = "*") -> str:
+    """``tcp://host:port`` with IPv6 literals bracketed; port ``*`` lets the system pick a free one."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def _resolve(name: str) -> str | None:
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    return str(infos[0][4][0]) if infos else None
+
+
+def _route_address() -> str | None:
+    """The local address of the default route (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere real
+        except OSError:
+            return None
+        return str(s.getsockname()[0])
+
+
+# -- secrets out of logs ------------------------------------------------------------------------------
+
+SECRET_WORDS: Final = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+MASK: Final = "***"
+_SECRET_NAME: Final = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
+_SECRET_ASSIGNMENT: Final = re.compile(
+    r"""\b([A-Za-z0-9_.-]*(?:KEY|TOKEN|SECRET|PASSWORD)[A-Za-z0-9_.-]*)(=)("[^"]*"|'[^']*'|[^\s,;'"}\]]+)""",
+    re.IGNORECASE,
+)
+_ENV_FIELD: Final = re.compile(r"^(env|environ|environment)$|_(env|environ|environment)$", re.IGNORECASE)
+
+
+def secret_name(name: str) -> bool:
+    """A variable or field whose name says it holds a secret (KEY, TOKEN, SECRET, PASSWORD, any case)."""
+    return _SECRET_NAME.search(name) is not None
+
+
+def mask_text(text: str) -> str:
+    """``API_TOKEN=abc`` or ``--password=abc`` inside free text (a command line, an error) lose the value."""
+    if not _SECRET_NAME.search(text):
+        return text
+    return _SECRET_ASSIGNMENT.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
+
+
+def mask_environment(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: (MASK if secret_name(k) else mask_text(v)) for k, v in env.items()}
+
+
+def redact(value: Any) -> Any:
+    """``value`` with secret-looking fields masked, recursively; for logs and ``pilot status`` alike."""
+    if isinstance(value, str):
+        return mask_text(value)
+    if isinstance(value, Mapping):
+        return {k: (MASK if isinstance(k, str) and secret_name(k) else redact(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(redact(v) for v in value)
+    return value
+
+
+def _is_environment(name: Any, value: Any) -> bool:
+    """A field that holds an environment: named env/environ/environment (or ``*_env``...) and a
+    mapping or list. A flag such as ``inherit_environment=True`` is not one."""
+    return isinstance(name, str) and isinstance(value, Mapping | list | tuple) and bool(_ENV_FIELD.search(name))
+
+
+def _hide_environments(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: (_env_summary(v) if _is_environment(k, v) else _hide_environments(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_hide_environments(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_hide_environments(v) for v in value)
+    return value
+
+
+def _env_summary(env: Mapping[Any, Any] | list[Any] | tuple[Any, ...]) -> str:
+    return f"<{len(env)} variables hidden; debug logging shows them with secrets masked>"
+
+
+class RedactSecrets:
+    """structlog processor: task environments are dropped from events (a summary stays) unless debug
+    logging is on; secret-looking values are masked either way, also inside exception text."""
+
+    def __init__(self, *, keep_environments: bool = False) -> None:
+        self.keep_environments = keep_environments
+
+    def __call__(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        for k, v in list(event_dict.items()):
+            if secret_name(k):
+                event_dict[k] = MASK
+            elif not self.keep_environments and _is_environment(k, v):
+                event_dict[k] = _env_summary(v)
+            elif isinstance(v, str | Mapping | list | tuple):
+                event_dict[k] = redact(v if self.keep_environments else _hide_environments(v))
+        return event_dict
