@@ -8,7 +8,6 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,46 +15,13 @@ import msgpack
 import psutil
 import pytest
 import zmq
+from pilot_waits import agents_active, ends, reach, wait_for
 
 import client as psij
 from pilot import wire
 from pilot.wire import Kind
 
 CONFIG = '[allocation]\nlrm = "local"\nnodes = 2\ncores_per_node = 2\n'
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-
-
-def agents_active(ex: psij.JobExecutor, n: int) -> dict[str, Any]:
-    def ready() -> dict[str, Any] | None:
-        st = ex.pilot_status()
-        nodes = st["nodes"]
-        return st if len(nodes) == n and all(x["agent"] == "active" for x in nodes) else None
-
-    st: dict[str, Any] = wait_for(ready, what=f"{n} agents to register")
-    return st
-
-
-def reach(job: psij.Job, state: psij.JobState, timeout: float = 20) -> psij.JobStatus:
-    """Wait until ``job`` is in ``state`` (or past it) and check it is exactly there."""
-    status = job.wait(timeout=timeout, target_states=[state])
-    assert status is not None and status.state is state, (job, status)
-    return status
-
-
-def ends(job: psij.Job, state: psij.JobState, timeout: float = 20) -> psij.JobStatus:
-    status = job.wait(timeout=timeout)
-    assert status is not None and status.state is state, (job, status)
-    return status
 
 
 def raw(obj: Any) -> bytes:

@@ -8,13 +8,13 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
 from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from pilot_waits import agents_active, ends, reach
 
 import client as psij
 
@@ -38,40 +38,6 @@ with open(sys.argv[1] + ".tmp", "w") as f:
     json.dump(seen, f)
 os.replace(sys.argv[1] + ".tmp", sys.argv[1])
 """
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-
-
-def agents_active(ex: psij.JobExecutor, n: int) -> dict[str, Any]:
-    def ready() -> dict[str, Any] | None:
-        st = ex.pilot_status()
-        nodes = st["nodes"]
-        return st if len(nodes) == n and all(x["agent"] == "active" for x in nodes) else None
-
-    st: dict[str, Any] = wait_for(ready, what=f"{n} agents to register")
-    return st
-
-
-def reach(job: psij.Job, state: psij.JobState, timeout: float = 20) -> psij.JobStatus:
-    """Wait until ``job`` is in ``state`` (or past it) and check it is exactly there."""
-    status = job.wait(timeout=timeout, target_states=[state])
-    assert status is not None and status.state is state, (job, status)
-    return status
-
-
-def ends(job: psij.Job, state: psij.JobState, timeout: float = 20) -> psij.JobStatus:
-    status = job.wait(timeout=timeout)
-    assert status is not None and status.state is state, (job, status)
-    return status
 
 
 def config(nodes: int, **options: Any) -> str:
