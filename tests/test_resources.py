@@ -243,9 +243,9 @@ def test_gpus_are_bound_exclusively_through_visible_devices(start_pilot: Any, tm
     third = probe_job(tmp_path / "g2.json", 0.0, gpu_cores_per_process=1)
     ex.submit(third)
     ex.submit(cpu_only)
-    # the CPU-only job runs beside the GPU jobs; the third GPU job waits for a GPU
+    # the CPU-only job runs beside the GPU jobs; the third GPU job waits for a GPU (proven below from
+    # the times the tasks recorded, not from when this process happens to look)
     ends(cpu_only, psij.JobState.COMPLETED)
-    assert third.status.state is psij.JobState.QUEUED
     for job in [*g, third]:
         ends(job, psij.JobState.COMPLETED)
     a, b, c = (read(tmp_path / f"g{i}.json") for i in range(3))
