@@ -157,12 +157,19 @@ class Agent:
         events = self._engine.drain()
         if not events:
             return
+        # A process that started and exited within one batch is reported by its exit alone (it carries
+        # the start time): fewer events for short tasks, and the client synthesises ACTIVE.
+        exited = {(e.job_id, e.slot) for e in events if e.kind == "exited"}
+        out = []
         for ev in events:
             if ev.kind == "started":
+                if (ev.job_id, ev.slot) in exited:
+                    continue
                 deadline = self._engine.deadline((ev.job_id, ev.slot))
                 if deadline is not None:
                     self._add_timer(deadline, (ev.job_id, ev.slot), "walltime")
-        self._queue(wire.Kind.TASK_EVENTS, {"events": [e.to_wire() for e in events]})
+            out.append(ev.to_wire())
+        self._queue(wire.Kind.TASK_EVENTS, {"events": out})
 
     # -- timers: heartbeat, walltime, kill escalation, stopping -----------------------------------
 

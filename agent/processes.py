@@ -379,6 +379,7 @@ class ProcessEngine:
         code = os.waitstatus_to_exitcode(status)
         run.popen.returncode = code
         data: dict[str, Any] = {
+            "started": run.started,
             "exit_code": code if code >= 0 else None,
             "signal": -code if code < 0 else None,
             "wall_duration": max(0.0, mono - run.started_mono),

@@ -401,6 +401,9 @@ class Daemon:
         elif kind == "failed":
             self._process_done(job, slot, ProcessResult(agent.name, plan.order.role, message=str(data.get("message"))))
         elif kind == "exited":
+            started = data.get("started")
+            if job.started is None and isinstance(started, int | float) and not isinstance(started, bool):
+                job.started = float(started)  # its start came in the same batch as its exit
             job.ended = max(job.ended or 0.0, float(t))
             result = ProcessResult(
                 agent.name,
