@@ -23,6 +23,7 @@ from agent.processes import Key, ProcessEngine
 from pilot import wire
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
+from pilot.security import Credentials, secure_client
 from pilot.transport import Waiter, drain
 
 log = structlog.get_logger("agent")
@@ -41,6 +42,7 @@ class Agent:
         orphan_timeout: float = 600.0,
         kill_grace: float = 2.0,
         cpu_map: dict[int, int] | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.node = node
         self._url = daemon_url
@@ -52,6 +54,8 @@ class Agent:
         self._sock.setsockopt(zmq.IDENTITY, node.name.encode())
         self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         self._sock.setsockopt(zmq.LINGER, 2000)
+        if credentials is not None:
+            secure_client(self._sock, credentials)  # pins the daemon's key: an impostor cannot answer
         self._waiter = Waiter()
         self._waiter.add(self._sock)
         self._engine = ProcessEngine(node=node, workdir=workdir, notify=self._waiter.poke, cpu_map=cpu_map)

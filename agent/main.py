@@ -17,6 +17,7 @@ import anyio
 from agent.agent import Agent
 from agent.probe import cpu_map_from_spec, probe, spec_from_env
 from pilot.logs import configure
+from pilot.security import credentials_from_env
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> None:
         "--orphan-timeout", type=float, default=float(os.environ.get("PILOT_AGENT_ORPHAN_TIMEOUT", "600"))
     )
     parser.add_argument("--log-level", default=os.environ.get("PILOT_AGENT_LOG_LEVEL", "info"))
+    # First, before anything can start a process: take the credentials out of the environment.
+    creds = credentials_from_env()
     args = parser.parse_args(argv)
     if not args.daemon:
         parser.error("no daemon address: pass --daemon or set PILOT_AGENT_URL")
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         heartbeat_interval=args.heartbeat,
         orphan_timeout=args.orphan_timeout,
         cpu_map=cpu_map_from_spec(spec),
+        credentials=creds,
     )
     try:
         anyio.run(agent.run)

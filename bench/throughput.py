@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ap.add_argument("--tasks", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--nodes", type=int, default=1, help="virtual nodes of the embedded pilot")
+    ap.add_argument(
+        "--agent-transport",
+        choices=["ipc", "tcp"],
+        default="ipc",
+        help="tcp: agents over CURVE-encrypted, authenticated TCP (security on)",
+    )
     ap.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = ap.parse_args(argv)
 
@@ -78,7 +84,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="pilot-bench-") as home:
         os.environ["PILOT_HOME"] = home
         cfg = Path(home) / "bench.toml"
-        cfg.write_text(f'[allocation]\nlrm = "local"\nnodes = {args.nodes}\n')
+        cfg.write_text(
+            f'[pilot]\nagent_transport = "{args.agent_transport}"\n[allocation]\nlrm = "local"\nnodes = {args.nodes}\n'
+        )
         os.environ["PILOT_CONFIG"] = str(cfg)
         with psij.JobExecutor.get_instance("pilot") as ex:
             warm = psij.Job(psij.JobSpec(executable="/bin/true"))
@@ -103,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "tasks": args.tasks,
         "repeat": args.repeat,
         "nodes": args.nodes,
+        "agent_transport": args.agent_transport,
         "raw_spawn_per_s": raw,
         "pilot_per_s": pil,
         "median_raw_spawn_per_s": r,

@@ -28,6 +28,11 @@ class PilotSettings:
     log_level: str = "info"
     #: Short one-process tasks that may wait at an agent behind each busy core (0 or 1).
     backlog: int = 1
+    #: How agents reach the daemon: "ipc" (private socket, same machine) or "tcp" (CURVE-encrypted and
+    #: authenticated); None picks ipc for a local allocation and tcp for a batch system.
+    agent_transport: str | None = None
+    #: Address, host name or interface for TCP endpoints; None: the one compute nodes route to.
+    bind: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +83,11 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
         kill_grace=_pos(p, "kill_grace", "pilot.", source, d.kill_grace),
         log_level=_get(p, "log_level", str, "pilot.", source, d.log_level),
         backlog=_get(p, "backlog", int, "pilot.", source, d.backlog),
+        agent_transport=_get(p, "agent_transport", str, "pilot.", source, d.agent_transport),
+        bind=_get(p, "bind", str, "pilot.", source, d.bind),
     )
+    if pilot.agent_transport not in (None, "ipc", "tcp"):
+        raise ConfigError(f"{source}: pilot.agent_transport = {pilot.agent_transport!r}; allowed: 'ipc' or 'tcp'")
     if pilot.backlog not in (0, 1):
         raise ConfigError(f"{source}: pilot.backlog = {pilot.backlog}; allowed: 0 (off) or 1")
     if pilot.log_level not in _LOG_LEVELS:

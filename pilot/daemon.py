@@ -32,6 +32,14 @@ from pilot.model.node import NodeConfigured
 from pilot.model.process_order import POST, PRE, ProcessOrder
 from pilot.rundir import RunDir
 from pilot.scheduler import JobQueue, NodeSlots, can_wait_behind, never_fits, place, place_behind
+from pilot.security import (
+    AGENT_DOMAIN,
+    ZapAuthenticator,
+    bind_host,
+    credentials_file_env,
+    secure_server,
+    tcp_endpoint,
+)
 from pilot.transport import Waiter, drain
 
 log = structlog.get_logger("pilot.daemon")
@@ -89,6 +97,8 @@ class Daemon:
         self._waiter.add(self._clients)
         self._waiter.add(self._agents_sock)
         self._lock_fd: int | None = None
+        self._zap: ZapAuthenticator | None = None
+        self._agent_env: dict[str, str] = {}
         sd = rundir.socket_dir()
         self.client_url = f"ipc://{sd / 'client.sock'}"
         self.agent_url = f"ipc://{sd / 'agent.sock'}"
@@ -113,11 +123,13 @@ class Daemon:
         self._take_lock()
         try:
             self._clients.bind(self.client_url)
-            self._agents_sock.bind(self.agent_url)
+            await self._bind_agents()
             await self._acquire()
             self.rundir.write_info(self._info())
             log.info("pilot ready", rundir=str(self.rundir.path), client_url=self.client_url, pid=os.getpid())
             async with anyio.create_task_group() as tg:
+                if self._zap is not None:
+                    tg.start_soon(self._zap.serve)
                 tg.start_soon(self._io_loop)
                 tg.start_soon(self._monitor_loop)
                 if on_ready is not None:
@@ -128,6 +140,8 @@ class Daemon:
         finally:
             self._clients.close(linger=500)
             self._agents_sock.close(linger=0)
+            if self._zap is not None:
+                self._zap.close()
             self._ctx.term()
             self._waiter.close()
             self.rundir.remove_info()
@@ -142,6 +156,28 @@ class Daemon:
         """State changed outside the I/O task: have it schedule and flush."""
         self._waiter.poke()
 
+    async def _bind_agents(self) -> None:
+        """ipc in the private run directory for a local allocation; otherwise TCP with CURVE, where
+        only agents holding this pilot's agent key get past the handshake (ZAP) and agents check the
+        daemon's key; the agents find their credentials through a 0600 file, never on a command line."""
+        transport = self.config.pilot.agent_transport or ("ipc" if self.lrm.kind == "local" else "tcp")
+        if transport == "ipc":
+            self._agents_sock.bind(self.agent_url)
+            return
+        keys = self.rundir.keys()
+        self._zap = ZapAuthenticator(self._ctx, keys.policy())
+        self._zap.start()
+        secure_server(self._agents_sock, keys.daemon, domain=AGENT_DOMAIN)
+        local = self.lrm.kind == "local"
+        host = await anyio.to_thread.run_sync(lambda: bind_host(self.config.pilot.bind, local=local))
+        self._agents_sock.bind(tcp_endpoint(host))
+        endpoint = self._agents_sock.getsockopt(zmq.LAST_ENDPOINT)
+        assert isinstance(endpoint, bytes)
+        self.agent_url = endpoint.decode()
+        # A file only the user can read, named in the environment: /proc/<pid>/environ keeps what a process
+        # was started with, so the keys themselves must not travel there.
+        self._agent_env = credentials_file_env(keys.write_credentials_file("agent"))
+
     async def _acquire(self) -> None:
         request = AllocationRequest(
             nodes=self.config.allocation.nodes,
@@ -151,6 +187,7 @@ class Daemon:
                 "PILOT_AGENT_URL": self.agent_url,
                 "PILOT_AGENT_HEARTBEAT": str(self.config.pilot.heartbeat_interval),
                 "PILOT_AGENT_LOG_LEVEL": self.config.pilot.log_level,
+                **self._agent_env,
             },
             workdir=self.rundir.agents_dir,
         )
