@@ -98,6 +98,7 @@ class Daemon:
         self._waiter.add(self._agents_sock)
         self._lock_fd: int | None = None
         self._zap: ZapAuthenticator | None = None
+        self._allocation_over = False
         self._agent_env: dict[str, str] = {}
         sd = rundir.socket_dir()
         self.client_url = f"ipc://{sd / 'client.sock'}"
@@ -289,6 +290,11 @@ class Daemon:
     def _submit(self, ident: bytes, raw: Any) -> dict[str, Any]:
         if self._stopping:
             return {"error": "the pilot is stopping; submit to a new one", "transient": True}
+        if self._allocation_over:
+            return {
+                "error": "this pilot's allocation has ended ('pilot status' says why); start a new pilot",
+                "transient": True,
+            }
         try:
             description = JobDescription.from_wire(raw)
             if description.launcher not in LAUNCHERS:
@@ -314,9 +320,27 @@ class Daemon:
         self.queue.push(job)
         return {"id": job.id, "time": job.state_time}
 
+    def _allocation_ended(self, allocation: Allocation) -> None:
+        """The batch system ended the allocation under us (scancel, walltime, node failure): every
+        job it held ends FAILED with the batch system's own account, at once, not at heartbeat timeout."""
+        self._allocation_over = True
+        message = f"the allocation ({allocation.lrm} job {allocation.native_id}) ended: {allocation.message}"
+        log.error(
+            "allocation ended", native_id=allocation.native_id, state=allocation.state.value, message=allocation.message
+        )
+        for agent in list(self.agents.values()):
+            self._agent_gone(agent, message)
+        for job in list(self.jobs.values()):
+            if job.phase == "queued":
+                job.phase = "done"
+                self.queue.drop()
+                self._set_state(job, JobState.FAILED, time.time(), message=message)
+
     def _capacity(self) -> list[NodeSlots]:
         """Registered nodes, plus the ones the allocation promises that have not registered yet."""
         nodes = [n for n in self.nodes.values() if n.usable]
+        if self.allocation is not None and not self.allocation.expected_nodes and len(nodes) < self.allocation.nodes:
+            return []  # a batch allocation whose agents are not all in: its shape is not known yet
         if self.allocation is not None:
             known = set(self.nodes)
             nodes += [NodeSlots.from_configured(n) for n in self.allocation.expected_nodes if n.name not in known]
@@ -762,6 +786,8 @@ class Daemon:
                     )
             if self.allocation is not None and not self._stopping:
                 await self.lrm.poll([self.allocation])
+                if self.allocation.state.final and not self._allocation_over:
+                    self._allocation_ended(self.allocation)
             self.poke()
 
     # -- status -------------------------------------------------------------------------------------

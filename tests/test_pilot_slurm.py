@@ -1,0 +1,74 @@
+"""A pilot on the real two-node Slurm cluster: agents on both nodes over CURVE, ranks where placed,
+no srun per task, and a pilot cancelled from outside fails its jobs with Slurm's account of it."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from pilot_waits import agents_active
+from slurm_fixture import slurm_cluster  # noqa: F401 - the session fixture
+
+import client as psij
+
+CONFIG = '[allocation]\nlrm = "slurm"\nnodes = 2\nwalltime = "10m"\npartition = "debug"\npoll_interval = 1\n'
+
+
+def _run(ex: psij.JobExecutor, out: Path, launcher: str, res: psij.ResourceSpecV1, cmd: str, **kw: Any) -> list[str]:
+    job = psij.Job(psij.JobSpec("/bin/sh", ["-c", cmd], launcher=launcher, stdout_path=out, resources=res, **kw))
+    ex.submit(job)
+    status = job.wait(timeout=60)
+    assert status is not None and status.state is psij.JobState.COMPLETED, (launcher, status)
+    return out.read_text().split()
+
+
+def test_slurm_pilot_runs_ranks_on_both_nodes_and_fails_jobs_when_cancelled(
+    slurm_cluster: dict[str, str],  # noqa: F811
+    start_pilot: Any,
+    tmp_path: Path,
+) -> None:
+    pilot = start_pilot(CONFIG)
+    assert str(pilot.info["agent_url"]).startswith("tcp://")
+    ex = pilot.executor()
+    st = agents_active(ex, 2)
+    assert sorted(n["name"] for n in st["nodes"]) == ["node1", "node2"]
+    four = psij.ResourceSpecV1(process_count=4)
+    seen = _run(ex, tmp_path / "m.out", "multiple", four, "echo $SLURMD_NODENAME")
+    assert collections.Counter(seen) == {"node1": 2, "node2": 2}
+    seen = _run(ex, tmp_path / "s.out", "srun", four, "echo $SLURMD_NODENAME")
+    assert collections.Counter(seen) == {"node1": 2, "node2": 2}
+    root_ok = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # CI runs as root
+    seen = _run(
+        ex,
+        tmp_path / "p.out",
+        "mpirun",
+        psij.ResourceSpecV1(node_count=2, processes_per_node=1),
+        "echo rank-$OMPI_COMM_WORLD_RANK-$SLURMD_NODENAME",
+        environment=root_ok,
+    )
+    assert sorted(w.split("-")[1] for w in seen) == ["0", "1"], seen  # both ranks printed
+    assert sorted(w.split("-")[2] for w in seen) == ["node1", "node2"], seen  # one on each node
+    jobs = [psij.Job(psij.JobSpec("/bin/true")) for _ in range(200)]
+    for job in jobs:
+        ex.submit(job)
+    assert all((s := job.wait(timeout=120)) is not None and s.state is psij.JobState.COMPLETED for job in jobs)
+    native = str(st["allocation"]["native_id"])
+    steps = subprocess.run(
+        ["squeue", "-h", "-s", "-j", native, "-o", "%i"], capture_output=True, text=True
+    ).stdout.split()
+    assert len(steps) <= 3, f"tasks ran through srun steps: {steps}"  # the agents' step and the batch step
+    running = psij.Job(psij.JobSpec("/bin/sleep", ["60"]))
+    ex.submit(running)
+    running.wait(timeout=30, target_states=[psij.JobState.ACTIVE])
+    subprocess.run(["scancel", native], check=True)
+    status = running.wait(timeout=8)  # under the 10 s agent timeout: the allocation's end is noticed itself
+    assert status is not None and status.state is psij.JobState.FAILED, status
+    assert "cancelled" in (status.message or "").lower(), status.message
+    late = psij.Job(psij.JobSpec("/bin/true"))
+    try:
+        ex.submit(late)
+        raise AssertionError("a job was accepted by a pilot whose allocation ended")
+    except psij.SubmitException as exc:
+        assert exc.transient and "allocation has ended" in str(exc)
