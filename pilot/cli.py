@@ -119,6 +119,7 @@ def _serve(cfg: config_mod.Config, rundir: RunDir, *, embedded: bool, parent_pid
     daemon = Daemon(config=cfg, rundir=rundir, embedded=embedded)
 
     async def serve() -> None:
+        failure: Exception | None = None
         async with anyio.create_task_group() as tg:
 
             async def signals() -> None:
@@ -135,12 +136,17 @@ def _serve(cfg: config_mod.Config, rundir: RunDir, *, embedded: bool, parent_pid
 
             tg.start_soon(signals)
             tg.start_soon(watch_parent)
-            await daemon.serve()
+            try:
+                await daemon.serve()
+            except (DaemonError, SecurityError) as exc:
+                failure = exc  # raised outside the task group: one clear line, not an exception group
             tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
 
     try:
         anyio.run(serve)
-    except DaemonError as exc:
+    except (DaemonError, SecurityError) as exc:
         print(f"pilot: {exc}", file=sys.stderr)
         sys.exit(1)
 

@@ -126,6 +126,10 @@ class Daemon:
             self._clients.bind(self.client_url)
             await self._bind_agents()
             await self._acquire()
+            assert self.allocation is not None
+            if self.allocation.state.final:
+                # Refused by the batch system at submission (bad partition, account, limits): say so now.
+                raise DaemonError(f"the batch system refused the pilot: {self.allocation.message}")
             self.rundir.write_info(self._info())
             log.info("pilot ready", rundir=str(self.rundir.path), client_url=self.client_url, pid=os.getpid())
             async with anyio.create_task_group() as tg:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from pilot_waits import agents_active
 from slurm_fixture import slurm_cluster  # noqa: F401 - the session fixture
 
 import client as psij
+from pilot.rundir import RunDir
 
 CONFIG = '[allocation]\nlrm = "slurm"\nnodes = 2\nwalltime = "10m"\npartition = "debug"\npoll_interval = 1\n'
 
@@ -72,3 +74,21 @@ def test_slurm_pilot_runs_ranks_on_both_nodes_and_fails_jobs_when_cancelled(
         raise AssertionError("a job was accepted by a pilot whose allocation ended")
     except psij.SubmitException as exc:
         assert exc.transient and "allocation has ended" in str(exc)
+
+
+def test_a_pilot_with_a_bad_partition_fails_at_up_with_slurms_error(
+    slurm_cluster: dict[str, str],  # noqa: F811
+    pilot_home: Path,
+    tmp_path: Path,
+) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(CONFIG.replace('partition = "debug"', 'partition = "nosuchpartition"'))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pilot", "up", "--config", str(cfg), "--rundir", str(pilot_home / "bad")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc
+    assert "refused the pilot" in proc.stderr and "invalid partition" in proc.stderr.lower(), proc.stderr
+    assert RunDir(pilot_home / "bad").read_info() is None  # no daemon left running
