@@ -33,6 +33,8 @@ class PilotSettings:
     agent_transport: str | None = None
     #: Address, host name or interface for TCP endpoints; None: the one compute nodes route to.
     bind: str | None = None
+    #: Seconds before the allocation's end at which running tasks are stopped (SIGTERM, then SIGKILL).
+    walltime_margin: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,7 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
         backlog=_get(p, "backlog", int, "pilot.", source, d.backlog),
         agent_transport=_get(p, "agent_transport", str, "pilot.", source, d.agent_transport),
         bind=_get(p, "bind", str, "pilot.", source, d.bind),
+        walltime_margin=_pos(p, "walltime_margin", "pilot.", source, d.walltime_margin),
     )
     if pilot.agent_transport not in (None, "ipc", "tcp"):
         raise ConfigError(f"{source}: pilot.agent_transport = {pilot.agent_transport!r}; allowed: 'ipc' or 'tcp'")

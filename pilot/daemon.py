@@ -99,6 +99,7 @@ class Daemon:
         self._lock_fd: int | None = None
         self._zap: ZapAuthenticator | None = None
         self._allocation_over = False
+        self._closing = False  # the allocation's end is near: running tasks were told to stop
         self._agent_env: dict[str, str] = {}
         sd = rundir.socket_dir()
         self.client_url = f"ipc://{sd / 'client.sock'}"
@@ -324,6 +325,29 @@ class Daemon:
         self.queue.push(job)
         return {"id": job.id, "time": job.state_time}
 
+    def _allocation_end(self, *, earliest: bool = False) -> float | None:
+        """When the allocation ends. With ``earliest``, a bound before its start is known (the batch
+        system's start time reaches us on the next poll): it cannot end before submission + walltime."""
+        a = self.allocation
+        if a is None or a.walltime is None:
+            return None
+        if a.started is None:
+            return a.submitted + a.walltime if earliest else None
+        return a.started + a.walltime
+
+    def _close_before_end(self) -> None:
+        """The walltime margin is reached: stop every running task now, so each ends with a clear
+        message instead of being killed by the batch system with the allocation."""
+        self._closing = True
+        end = self._allocation_end()
+        log.warning(
+            "allocation walltime nearly over; stopping running tasks", end=end, margin=self.config.pilot.walltime_margin
+        )
+        for job in self.jobs.values():
+            if not job.final and job.processes:
+                job.closing = True
+                self._kill_outstanding(job, reason="walltime")
+
     def _allocation_ended(self, allocation: Allocation) -> None:
         """The batch system ended the allocation under us (scancel, walltime, node failure): every
         job it held ends FAILED with the batch system's own account, at once, not at heartbeat timeout."""
@@ -498,9 +522,28 @@ class Daemon:
             return
         nodes = [n for n in self.nodes.values() if n.usable]
         behind = self.config.pilot.backlog
+        end = self._allocation_end(earliest=True)
+        now = time.time()
         for key, _ in self.queue.heads():
             while (job := self.queue.peek(key)) is not None:
                 d = job.description
+                if end is not None and (self._closing or (d.duration is not None and now + d.duration > end)):
+                    # It cannot finish before the allocation ends, and no later allocation will come.
+                    self.queue.pop_head(key)
+                    job.phase = "done"
+                    left = max(0.0, end - now)
+                    self._set_state(
+                        job,
+                        JobState.FAILED,
+                        now,
+                        message=(
+                            f"not started: JobAttributes.duration of {d.duration:g} s cannot finish before the "
+                            f"allocation's walltime ends in {left:.0f} s, and no later allocation will come"
+                            if d.duration is not None and not self._closing
+                            else f"not started: the allocation's walltime ends in {left:.0f} s"
+                        ),
+                    )
+                    continue
                 ranks = place(d.resources, nodes, job_id=job.id)
                 if ranks is None and behind and can_wait_behind(d.resources) and not (d.pre_launch or d.post_launch):
                     ranks = place_behind(d.resources, nodes)
@@ -675,6 +718,14 @@ class Daemon:
         what = {"pre": pre, "post": f"post_launch script {d.post_launch!r}"}.get(
             r.role, f"rank {slot}" if len(job.ranks) > 1 or slot else "the process"
         )
+        if r.reason == "walltime" and job.closing:
+            margin = self.config.pilot.walltime_margin
+            return (
+                JobState.FAILED,
+                code,
+                f"walltime: the allocation ends in under {margin:g} s (pilot.walltime_margin), so {what} was "
+                f"stopped on node {r.node} before the batch system could kill it",
+            )
         if r.reason == "walltime":
             return (
                 JobState.FAILED,
@@ -788,6 +839,9 @@ class Daemon:
                     self._agent_gone(
                         agent, f"node {agent.name} lost: its agent sent no heartbeat for {now - agent.last_seen:.1f} s"
                     )
+            end = self._allocation_end()
+            if end is not None and not self._closing and time.time() >= end - self.config.pilot.walltime_margin:
+                self._close_before_end()
             if self.allocation is not None and not self._stopping:
                 await self.lrm.poll([self.allocation])
                 if self.allocation.state.final and not self._allocation_over:

@@ -45,6 +45,7 @@ class JobRecord:
     environment: dict[str, str] | None = None  # what pre_launch set
     unset: list[str] = field(default_factory=list)  # what pre_launch unset
     cancel_reason: str | None = None
+    closing: bool = False  # stopped because the allocation's walltime was ending
     started: float | None = None
     ended: float | None = None
     subscribers: set[bytes] = field(default_factory=set)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from slurm_fixture import slurm_cluster  # noqa: F401 - the session fixture
 import client as psij
 from pilot.rundir import RunDir
 
-CONFIG = '[allocation]\nlrm = "slurm"\nnodes = 2\nwalltime = "10m"\npartition = "debug"\npoll_interval = 1\n'
+CONFIG = '[allocation]\nlrm = "slurm"\nnodes = 2\nwalltime = "30m"\npartition = "debug"\npoll_interval = 1\n'
 
 
 def _run(ex: psij.JobExecutor, out: Path, launcher: str, res: psij.ResourceSpecV1, cmd: str, **kw: Any) -> list[str]:
@@ -92,3 +93,29 @@ def test_a_pilot_with_a_bad_partition_fails_at_up_with_slurms_error(
     assert proc.returncode == 1, proc
     assert "refused the pilot" in proc.stderr and "invalid partition" in proc.stderr.lower(), proc.stderr
     assert RunDir(pilot_home / "bad").read_info() is None  # no daemon left running
+
+
+def test_a_one_minute_slurm_pilot_honours_its_walltime(
+    slurm_cluster: dict[str, str],  # noqa: F811
+    start_pilot: Any,
+) -> None:
+    config = CONFIG.replace('walltime = "30m"', 'walltime = "1m"').replace(
+        "[allocation]", "[pilot]\nwalltime_margin = 50\n[allocation]"
+    )
+    pilot = start_pilot(config)
+    ex = pilot.executor()
+    agents_active(ex, 2)
+    five = psij.Job(psij.JobSpec("/bin/true", attributes=psij.JobAttributes(duration=timedelta(minutes=5))))
+    ex.submit(five)
+    status = five.wait(timeout=10)
+    assert status is not None and status.state is psij.JobState.FAILED, status
+    assert "cannot finish before the allocation's walltime ends" in (status.message or "")
+    long_task = psij.Job(
+        psij.JobSpec("/bin/sleep", ["120"], attributes=psij.JobAttributes(duration=timedelta(seconds=40)))
+    )
+    ex.submit(long_task)
+    status = long_task.wait(timeout=40)
+    assert status is not None and status.state is psij.JobState.FAILED, status
+    assert "walltime" in (status.message or "") and "allocation ends" in (status.message or ""), status.message
+    a = ex.pilot_status()["allocation"]
+    assert a["walltime"] == 60 and status.time < float(a["started"]) + 60
