@@ -7,9 +7,10 @@ ranks). The agent pins it to the job's cores and GPUs on that node, so ranks it 
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 
-from pilot.launchers.base import PlannedProcess, job_directory
+from pilot.launchers.base import Launcher, PlannedProcess, job_directory
 from pilot.model.job_description import JobDescription
 from pilot.model.process_order import ProcessOrder
 from pilot.scheduler.placement import RankPlacement
@@ -73,3 +74,38 @@ def launching_process(
         nodefile_hosts=list(hosts),
     )
     return [PlannedProcess(first, order, list(range(len(ranks))))]
+
+
+class ParallelLauncher(Launcher):
+    """A launcher whose one launching process (``command`` with :meth:`arguments`) starts every rank."""
+
+    command: str
+
+    def plan(
+        self,
+        *,
+        job_id: str,
+        description: JobDescription,
+        ranks: list[RankPlacement],
+        hosts: list[str],
+        environment: dict[str, str] | None,
+    ) -> list[PlannedProcess]:
+        return launching_process(
+            job_id=job_id,
+            description=description,
+            ranks=ranks,
+            hosts=hosts,
+            environment=environment,
+            executable=self.command,
+            arguments=self.arguments(description, ranks, hosts, environment),
+        )
+
+    @abstractmethod
+    def arguments(
+        self,
+        description: JobDescription,
+        ranks: list[RankPlacement],
+        hosts: list[str],
+        environment: dict[str, str] | None,
+    ) -> list[str]:
+        """The launching command's arguments, ending with the job's own command line."""

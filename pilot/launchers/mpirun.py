@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Final
 
-from pilot.launchers._parallel import group_by_node, launching_process
-from pilot.launchers.base import Launcher, PlannedProcess
+from pilot.launchers._parallel import ParallelLauncher, group_by_node
 from pilot.model.job_description import JobDescription
 from pilot.scheduler.placement import RankPlacement
 
@@ -31,7 +30,7 @@ _LOCAL_PREFIXES: Final = ("SLURM_", "OMPI_", "PMIX_", "PMI_", "PBS_", "LSB_", "L
 _LOCAL_NAMES: Final = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "HOSTNAME", "PE_HOSTFILE", "JOB_ID"})
 
 
-class MpirunLauncher(Launcher):
+class MpirunLauncher(ParallelLauncher):
     name: ClassVar[str] = "mpirun"
 
     def __init__(
@@ -42,25 +41,6 @@ class MpirunLauncher(Launcher):
         self.flavor = flavor
         self.command = command or ("mpirun" if flavor == "openmpi" else "mpiexec")
         self.extra_args = extra_args
-
-    def plan(
-        self,
-        *,
-        job_id: str,
-        description: JobDescription,
-        ranks: list[RankPlacement],
-        hosts: list[str],
-        environment: dict[str, str] | None,
-    ) -> list[PlannedProcess]:
-        return launching_process(
-            job_id=job_id,
-            description=description,
-            ranks=ranks,
-            hosts=hosts,
-            environment=environment,
-            executable=self.command,
-            arguments=self.arguments(description, ranks, hosts, environment),
-        )
 
     def arguments(
         self,

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pilot.launchers._parallel import NodeGroup, group_by_node, launching_process
-from pilot.launchers.base import Launcher, PlannedProcess
+from pilot.launchers._parallel import NodeGroup, ParallelLauncher, group_by_node
 from pilot.model.job_description import JobDescription
 from pilot.scheduler.placement import RankPlacement
 
@@ -25,33 +24,20 @@ from pilot.scheduler.placement import RankPlacement
 GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
 
 
-class SrunLauncher(Launcher):
+class SrunLauncher(ParallelLauncher):
     name: ClassVar[str] = "srun"
 
     def __init__(self, *, command: str = "srun", extra_args: tuple[str, ...] = ()) -> None:
         self.command = command
         self.extra_args = extra_args
 
-    def plan(
+    def arguments(
         self,
-        *,
-        job_id: str,
         description: JobDescription,
         ranks: list[RankPlacement],
         hosts: list[str],
-        environment: dict[str, str] | None,
-    ) -> list[PlannedProcess]:
-        return launching_process(
-            job_id=job_id,
-            description=description,
-            ranks=ranks,
-            hosts=hosts,
-            environment=environment,
-            executable=self.command,
-            arguments=self.arguments(description, ranks, hosts),
-        )
-
-    def arguments(self, description: JobDescription, ranks: list[RankPlacement], hosts: list[str]) -> list[str]:
+        environment: dict[str, str] | None = None,
+    ) -> list[str]:
         groups = group_by_node(ranks, hosts)
         layout = [g.node for g in groups for _ in g.ranks]
         cpus = max(1, len(ranks[0].cores))
