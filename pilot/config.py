@@ -35,6 +35,8 @@ class PilotSettings:
     bind: str | None = None
     #: Seconds before the allocation's end at which running tasks are stopped (SIGTERM, then SIGKILL).
     walltime_margin: float = 30.0
+    #: Seconds an allocation may run before every agent must have registered; later ones are reported.
+    agent_start_timeout: float = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,7 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
         agent_transport=_get(p, "agent_transport", str, "pilot.", source, d.agent_transport),
         bind=_get(p, "bind", str, "pilot.", source, d.bind),
         walltime_margin=_pos(p, "walltime_margin", "pilot.", source, d.walltime_margin),
+        agent_start_timeout=_pos(p, "agent_start_timeout", "pilot.", source, d.agent_start_timeout),
     )
     if pilot.agent_transport not in (None, "ipc", "tcp"):
         raise ConfigError(f"{source}: pilot.agent_transport = {pilot.agent_transport!r}; allowed: 'ipc' or 'tcp'")

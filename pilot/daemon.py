@@ -100,6 +100,7 @@ class Daemon:
         self._zap: ZapAuthenticator | None = None
         self._allocation_over = False
         self._closing = False  # the allocation's end is near: running tasks were told to stop
+        self._missing_agents = ""  # reported when agents did not register in time
         self._agent_env: dict[str, str] = {}
         sd = rundir.socket_dir()
         self.client_url = f"ipc://{sd / 'client.sock'}"
@@ -324,6 +325,25 @@ class Daemon:
         self.counts[JobState.QUEUED] += 1
         self.queue.push(job)
         return {"id": job.id, "time": job.state_time}
+
+    def _check_agents_started(self) -> None:
+        """Agents that have not registered ``agent_start_timeout`` after the allocation started are
+        reported (status and log); when none came at all, the jobs held fail with that account."""
+        a = self.allocation
+        if a is None or a.started is None or self._missing_agents or self._allocation_over or self._stopping:
+            return
+        timeout = self.config.pilot.agent_start_timeout
+        registered = len(self.agents)
+        if registered >= a.nodes or time.time() - a.started < timeout:
+            return
+        self._missing_agents = (
+            f"{a.nodes - registered} of {a.nodes} agents did not register within {timeout:g} s "
+            f"(pilot.agent_start_timeout); their logs are in {self.rundir.agents_dir}"
+        )
+        log.error("agents missing", message=self._missing_agents)
+        if registered == 0:
+            a.message = self._missing_agents
+            self._allocation_ended(a)
 
     def _allocation_end(self, *, earliest: bool = False) -> float | None:
         """When the allocation ends. With ``earliest``, a bound before its start is known (the batch
@@ -839,6 +859,7 @@ class Daemon:
                     self._agent_gone(
                         agent, f"node {agent.name} lost: its agent sent no heartbeat for {now - agent.last_seen:.1f} s"
                     )
+            self._check_agents_started()
             end = self._allocation_end()
             if end is not None and not self._closing and time.time() >= end - self.config.pilot.walltime_margin:
                 self._close_before_end()
@@ -849,6 +870,18 @@ class Daemon:
             self.poke()
 
     # -- status -------------------------------------------------------------------------------------
+
+    def _allocation_status(self) -> dict[str, Any] | None:
+        if self.allocation is None:
+            return None
+        st = self.allocation.to_status()
+        registered = sum(1 for a in self.agents.values() if a.state == "active")
+        if st["state"] == "active" and registered < self.allocation.nodes and not self._missing_agents:
+            st["state"] = "starting"  # the batch job runs; its agents are not all in yet
+            st["message"] = st["message"] or f"{registered} of {self.allocation.nodes} agents registered"
+        if self._missing_agents:
+            st["message"] = "; ".join(m for m in (st["message"], self._missing_agents) if m)
+        return st
 
     def status(self) -> dict[str, Any]:
         nodes = []
@@ -895,7 +928,7 @@ class Daemon:
                     )
         return {
             "pilot": self._info() | {"rundir": str(self.rundir.path), "uptime": time.time() - self.started},
-            "allocation": self.allocation.to_status() if self.allocation is not None else None,
+            "allocation": self._allocation_status(),
             "nodes": nodes,
             "jobs": {s.value: n for s, n in self.counts.items() if n},
             "queued": len(self.queue) + len(self._waiting),

@@ -52,6 +52,11 @@ class LocalExecutor(LrmExecutor):
         if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
             raise ConfigError(f"{source}: allocation.features must be a list of strings")
         self._features: list[str] = features
+        python = options.get("agent_python")
+        if python is not None and not isinstance(python, str):
+            raise ConfigError(f"{source}: allocation.agent_python must be a path to a Python interpreter")
+        self._agent_python: str | None = python
+        self._workdirs: dict[str, Path] = {}
         self._procs: dict[str, list[anyio.abc.Process]] = {}
         self.cpu_maps: list[dict[int, int]] = []
 
@@ -127,13 +132,17 @@ class LocalExecutor(LrmExecutor):
             )
             logf = await anyio.to_thread.run_sync(_open_log, request.workdir / f"{node.name}.log")
             try:
+                argv = list(request.agent_argv)
+                if self._agent_python:
+                    argv[0] = self._agent_python
                 proc = await anyio.open_process(
-                    request.agent_argv, env=env, stdin=None, stdout=logf, stderr=logf, start_new_session=True
+                    argv, env=env, stdin=None, stdout=logf, stderr=logf, start_new_session=True
                 )
             finally:
                 logf.close()
             procs.append(proc)
         self._procs[native_id] = procs
+        self._workdirs[native_id] = request.workdir
         log.info("local allocation active", id=native_id, nodes=[n.name for n in nodes])
         return alloc
 
@@ -141,8 +150,14 @@ class LocalExecutor(LrmExecutor):
         for alloc in allocations:
             procs = self._procs.get(alloc.native_id, [])
             if alloc.state is AllocationState.ACTIVE and procs and all(p.returncode is not None for p in procs):
-                alloc.state = AllocationState.DONE
-                alloc.message = "all agents exited"
+                alloc.state = AllocationState.FAILED
+                workdir = self._workdirs.get(alloc.native_id)
+                parts = []
+                for i, p in enumerate(procs):
+                    name = f"local-{i}"
+                    tail = _tail(workdir / f"{name}.log") if workdir is not None else ""
+                    parts.append(f"agent {name} exited with {p.returncode}" + (f": {tail}" if tail else ""))
+                alloc.message = "every agent exited; " + "; ".join(parts)
 
     def agent_exit_codes(self, allocation: Allocation) -> dict[str, int | None]:
         procs = self._procs.get(allocation.native_id, [])
@@ -179,3 +194,11 @@ def _opt_int(options: dict[str, Any], key: str, source: str) -> int | None:
 
 def _open_log(path: Path) -> BinaryIO:
     return open(path, "ab")
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text.splitlines()[-lines:] if line.strip())
