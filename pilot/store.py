@@ -1,0 +1,550 @@
+"""The journal: what the daemon has accepted and done, kept in SQLite so a restarted daemon loses nothing.
+
+One file, ``journal.db`` in the run directory (mode 0600), in WAL mode. The daemon records the changes
+of one flush into a :class:`Batch` and commits them in one transaction (``with store.batch() as tx:``),
+then acknowledges submissions: a submit reply is only sent once the job is in the journal.
+
+Durability choice: ``synchronous=NORMAL``. In WAL mode a commit is a ``write()`` of the frames into the
+WAL file; NORMAL skips the ``fsync`` per commit (it syncs only at checkpoints). The data is then in the
+kernel's page cache, so it survives the daemon being SIGKILLed, OOM-killed or crashing one instruction
+after the commit -- the stated guarantee -- but not a power loss or kernel crash of the login node, which
+may lose the last commits (never corrupt the file). FULL would add an fsync per flush: milliseconds on a
+local disk and far worse on the NFS/Lustre home directories run directories often live on, which would cap
+submissions at a few hundred batches a second. ``Store.open(path, durable=True)`` selects FULL for those
+who want power-loss safety at that price.
+
+``locking_mode=EXCLUSIVE``: one daemon owns the journal (a second one gets a clear error), and WAL then
+keeps its index in process memory instead of a shared-memory file, which does not work on network file
+systems. The OS drops the lock when the owner dies, SIGKILL included.
+
+Payloads (job descriptions, process orders, Delivered metadata, result data) are msgpack blobs: the wire
+forms the daemon already has, cheap to write, and re-validated by their ``from_wire`` on load.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import msgpack
+
+from pilot.jobs import JobRecord, ProcessResult
+from pilot.launchers.base import PlannedProcess
+from pilot.lrm.base import Allocation, AllocationState
+from pilot.model.job_description import JobDescription
+from pilot.model.job_state import JobState
+from pilot.model.node import NodeConfigured
+from pilot.model.process_order import ProcessOrder
+from pilot.scheduler.placement import RankPlacement
+
+JOURNAL_FILE: Final = "journal.db"
+SCHEMA_VERSION: Final = 1
+#: ``PRAGMA application_id`` of a pilot journal ("PJRN"): tells our file from any other SQLite database.
+APPLICATION_ID: Final = 0x504A524E
+
+_SCHEMA: Final = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
+CREATE TABLE jobs (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    description BLOB NOT NULL,
+    submitted REAL NOT NULL,
+    state TEXT NOT NULL,
+    state_time REAL NOT NULL,
+    exit_code INTEGER,
+    message TEXT,
+    metadata BLOB,
+    phase TEXT NOT NULL DEFAULT 'queued',
+    started REAL,
+    ended REAL,
+    cancel_reason TEXT,
+    closing INTEGER NOT NULL DEFAULT 0,
+    ranks BLOB,
+    environment BLOB,
+    unset BLOB
+);
+CREATE TABLE processes (
+    job_id TEXT NOT NULL,
+    slot INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    order_wire BLOB NOT NULL,
+    holds BLOB NOT NULL,
+    PRIMARY KEY (job_id, slot)
+) WITHOUT ROWID;
+CREATE TABLE results (
+    job_id TEXT NOT NULL,
+    slot INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    role TEXT NOT NULL,
+    exit_code INTEGER,
+    signal INTEGER,
+    message TEXT,
+    reason TEXT,
+    data BLOB,
+    PRIMARY KEY (job_id, slot)
+) WITHOUT ROWID;
+CREATE TABLE allocation (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    lrm TEXT NOT NULL,
+    native_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    nodes INTEGER NOT NULL,
+    submitted REAL NOT NULL,
+    started REAL,
+    walltime REAL,
+    expected_nodes BLOB NOT NULL,
+    hosts BLOB NOT NULL,
+    message TEXT NOT NULL
+);
+"""
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def _pack(obj: Any) -> bytes:
+    return _packer.pack(obj)  # type: ignore[no-any-return]
+
+
+def _unpack(blob: bytes) -> Any:
+    return msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=True)
+
+
+class JournalError(Exception):
+    """The journal cannot be used; the message names the file and what to do about it."""
+
+
+@dataclass(slots=True)
+class Recovered:
+    """Everything :meth:`Store.load` found: enough to rebuild the daemon's job table and allocation.
+
+    ``jobs`` are in submission order with their last state, placement, outstanding ``processes``
+    (dispatched, no result yet), ``results``, pre_launch environment and ``held`` ranks rebuilt
+    (``subscribers`` is empty: clients re-attach)."""
+
+    jobs: list[JobRecord] = field(default_factory=list)
+    allocation: Allocation | None = None
+    next_seq: int = 1
+
+
+class Batch:
+    """The changes of one flush, written in one transaction when the ``with`` block ends.
+
+    Calls only append to lists (no SQL) so a batch that raises leaves nothing behind, and a big
+    batch is written with one ``executemany`` per kind of change."""
+
+    __slots__ = ("_accepted", "_alloc", "_dispatched", "_envs", "_placed", "_progress", "_results", "_seq", "_states")
+
+    def __init__(self) -> None:
+        self._accepted: list[tuple[Any, ...]] = []
+        self._states: list[tuple[Any, ...]] = []
+        self._progress: list[tuple[Any, ...]] = []
+        self._placed: list[tuple[Any, ...]] = []
+        self._dispatched: list[tuple[Any, ...]] = []
+        self._results: list[tuple[Any, ...]] = []
+        self._envs: list[tuple[Any, ...]] = []
+        self._alloc: tuple[Any, ...] | None = None
+        self._seq = 0
+
+    def job_accepted(
+        self,
+        job_id: str,
+        seq: int,
+        description: JobDescription | Mapping[str, Any],
+        submitted: float,
+        *,
+        state: JobState = JobState.QUEUED,
+    ) -> None:
+        """A job the daemon accepted. ``description`` may be the validated wire map the client sent,
+        which saves re-encoding it (``JobDescription.from_wire`` accepted it, so it loads back)."""
+        raw = description.to_wire() if isinstance(description, JobDescription) else description
+        self._accepted.append((job_id, seq, _pack(raw), submitted, state.value, submitted))
+        if seq > self._seq:
+            self._seq = seq
+
+    def state_changed(
+        self,
+        job_id: str,
+        state: JobState,
+        t: float,
+        *,
+        exit_code: int | None = None,
+        message: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        """A state change; final ones carry the exit code, message and Delivered metadata."""
+        meta = _pack(dict(metadata)) if metadata else None
+        self._states.append((state.value, t, exit_code, message, meta, job_id))
+
+    def job_progress(
+        self,
+        job_id: str,
+        *,
+        phase: str,
+        started: float | None = None,
+        ended: float | None = None,
+        cancel_reason: str | None = None,
+        closing: bool = False,
+    ) -> None:
+        """The job's phase and timing (``JobRecord.phase/started/ended/cancel_reason/closing``) as they
+        are now: what a restarted daemon needs to finish the job's lifecycle and its Delivered."""
+        self._progress.append((phase, started, ended, cancel_reason, int(closing), job_id))
+
+    def placed(self, job_id: str, ranks: Sequence[RankPlacement]) -> None:
+        """Where the job's ranks went when it started (their slots are taken again on recovery)."""
+        self._placed.append((_pack([[r.node, r.cores, r.gpus, r.memory, r.behind] for r in ranks]), job_id))
+
+    def process_dispatched(self, job_id: str, plan: PlannedProcess) -> None:
+        """A process order sent (or about to be sent) to an agent; outstanding until its result."""
+        self._dispatched.append((job_id, plan.order.slot, plan.node, _pack(plan.order.to_wire()), _pack(plan.holds)))
+
+    def process_result(self, job_id: str, slot: int, result: ProcessResult) -> None:
+        """How one process ended (or why it never started)."""
+        data = _pack(result.data) if result.data else None
+        self._results.append(
+            (
+                job_id,
+                slot,
+                result.node,
+                result.role,
+                result.exit_code,
+                result.signal,
+                result.message,
+                result.reason,
+                data,
+            )
+        )
+
+    def pre_launch_environment(self, job_id: str, environment: Mapping[str, str] | None, unset: Sequence[str]) -> None:
+        """What the job's pre_launch script set and unset: the rank phase needs it, also after a restart."""
+        env = None if environment is None else _pack(dict(environment))
+        self._envs.append((env, _pack(list(unset)), job_id))
+
+    def allocation(self, a: Allocation) -> None:
+        """The allocation as it is now: a restarted daemon re-attaches to it instead of asking again."""
+        self._alloc = (
+            a.lrm,
+            a.native_id,
+            a.state.value,
+            a.nodes,
+            a.submitted,
+            a.started,
+            a.walltime,
+            _pack([n.to_wire() for n in a.expected_nodes]),
+            _pack(list(a.hosts)),
+            a.message,
+        )
+
+    def _write(self, db: sqlite3.Connection) -> None:
+        if self._accepted:
+            db.executemany(
+                "INSERT INTO jobs (id, seq, description, submitted, state, state_time) VALUES (?, ?, ?, ?, ?, ?)",
+                self._accepted,
+            )
+        if self._seq:
+            db.execute(
+                "INSERT INTO meta (key, value) VALUES ('seq', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
+                (self._seq,),
+            )
+        if self._placed:
+            db.executemany("UPDATE jobs SET ranks = ? WHERE id = ?", self._placed)
+        if self._envs:
+            db.executemany("UPDATE jobs SET environment = ?, unset = ? WHERE id = ?", self._envs)
+        if self._dispatched:
+            db.executemany("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?, ?)", self._dispatched)
+        if self._results:
+            db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", self._results)
+        if self._progress:
+            db.executemany(
+                "UPDATE jobs SET phase = ?, started = ?, ended = ?, cancel_reason = ?, closing = ? WHERE id = ?",
+                self._progress,
+            )
+        if self._states:
+            db.executemany(
+                "UPDATE jobs SET state = ?, state_time = ?, exit_code = ?, message = ?, metadata = ? WHERE id = ?",
+                self._states,
+            )
+        if self._alloc is not None:
+            db.execute("INSERT OR REPLACE INTO allocation VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self._alloc)
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self._accepted
+            or self._states
+            or self._progress
+            or self._placed
+            or self._dispatched
+            or self._results
+            or self._envs
+            or self._alloc
+        )
+
+
+class Store:
+    """The open journal. Not thread-safe: the daemon's I/O task owns it, like the job table."""
+
+    def __init__(self, path: Path, db: sqlite3.Connection) -> None:
+        self.path = path
+        self._db = db
+        self._in_batch = False
+
+    @classmethod
+    def in_run_dir(cls, run_dir: Path, *, durable: bool = False) -> Store:
+        return cls.open(run_dir / JOURNAL_FILE, durable=durable)
+
+    @classmethod
+    def open(cls, path: Path | str, *, durable: bool = False) -> Store:
+        """Open or create the journal at ``path``; :class:`JournalError` when it is not a usable one."""
+        path = Path(path)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise JournalError(f"cannot open the pilot journal {path}: {exc.strerror}") from None
+        try:
+            if os.fstat(fd).st_mode & 0o077:
+                os.fchmod(fd, 0o600)  # job descriptions carry environments: the user's eyes only
+        finally:
+            os.close(fd)
+        try:
+            db = sqlite3.connect(path, isolation_level=None, timeout=0.5)
+        except sqlite3.Error as exc:
+            raise _error(path, exc) from None
+        try:
+            _setup(db, path, durable=durable)
+        except BaseException:
+            db.close()
+            raise
+        return cls(path, db)
+
+    @contextmanager
+    def batch(self) -> Iterator[Batch]:
+        """Collect changes; on normal exit write them all in one transaction and commit (returning means
+        committed), on an exception write nothing. Acknowledge to clients only after this returns."""
+        if self._in_batch:
+            raise RuntimeError("journal batches do not nest")
+        self._in_batch = True
+        try:
+            tx = Batch()
+            yield tx
+            self.commit(tx)
+        finally:
+            self._in_batch = False
+
+    def commit(self, tx: Batch) -> None:
+        """Write ``tx`` in one transaction and commit; for a daemon that keeps a :class:`Batch` open while
+        it handles a burst of messages and commits it at the start of its flush, before any reply goes out.
+        All of it or none of it is written; :class:`JournalError` when the journal cannot be written."""
+        if tx.empty:
+            return
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                tx._write(db)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise _error(self.path, exc) from None
+
+    def load(self) -> Recovered:
+        """Everything the journal holds, rebuilt into job records; :class:`JournalError` if it is damaged."""
+        try:
+            return self._load()
+        except sqlite3.Error as exc:
+            raise _error(self.path, exc) from None
+        except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException) as exc:
+            raise JournalError(
+                f"the pilot journal {self.path} holds a record this pilot cannot read ({type(exc).__name__}: {exc}); "
+                f"{_FIX.format(path=self.path)}"
+            ) from None
+
+    def _load(self) -> Recovered:
+        db = self._db
+        out = Recovered()
+        jobs: dict[str, JobRecord] = {}
+        max_seq = 0
+        rows = db.execute(
+            "SELECT id, seq, description, submitted, state, state_time, exit_code, message, metadata, phase,"
+            " started, ended, cancel_reason, closing, ranks, environment, unset FROM jobs ORDER BY seq"
+        )
+        for row in rows:
+            (
+                jid,
+                seq,
+                desc,
+                submitted,
+                state,
+                st,
+                code,
+                msg,
+                meta,
+                phase,
+                started,
+                ended,
+                cr,
+                closing,
+                ranks,
+                env,
+                un,
+            ) = row
+            try:
+                description = JobDescription.from_wire(_unpack(desc))
+            except Exception as exc:
+                raise ValueError(f"job {jid}: {exc}") from None
+            job = JobRecord(id=jid, description=description, submitted=submitted, state=JobState(state))
+            job.state_time = st
+            job.exit_code = code
+            job.message = msg
+            job.metadata = _unpack(meta) if meta is not None else {}
+            job.phase = phase
+            job.started = started
+            job.ended = ended
+            job.cancel_reason = cr
+            job.closing = bool(closing)
+            if ranks is not None:
+                job.ranks = [RankPlacement(n, list(c), list(g), int(m), bool(b)) for n, c, g, m, b in _unpack(ranks)]
+            job.environment = _unpack(env) if env is not None else None
+            job.unset = _unpack(un) if un is not None else []
+            jobs[jid] = job
+            max_seq = max(max_seq, seq)
+        for jid, slot, node, role, code, sig, msg, reason, data in db.execute("SELECT * FROM results"):
+            if jid in jobs:
+                jobs[jid].results[slot] = ProcessResult(
+                    node,
+                    role,
+                    exit_code=code,
+                    signal=sig,
+                    message=msg,
+                    reason=reason,
+                    data=_unpack(data) if data else {},
+                )
+        for jid, slot, node, order, holds in db.execute("SELECT * FROM processes"):
+            owner = jobs.get(jid)
+            if owner is None or slot in owner.results:
+                continue  # done: only outstanding processes are rebuilt
+            owner.processes[slot] = PlannedProcess(node, ProcessOrder.from_wire(_unpack(order)), list(_unpack(holds)))
+        for job in jobs.values():
+            job.held = _held(job)
+        out.jobs = list(jobs.values())
+        row = db.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
+        out.next_seq = max(max_seq, int(row[0]) if row else 0) + 1
+        arow = db.execute("SELECT * FROM allocation WHERE id = 1").fetchone()
+        if arow is not None:
+            _, lrm, native_id, state, nodes, submitted, started, walltime, expected, hosts, message = arow
+            out.allocation = Allocation(
+                native_id=native_id,
+                lrm=lrm,
+                state=AllocationState(state),
+                nodes=nodes,
+                expected_nodes=[NodeConfigured.from_wire(n) for n in _unpack(expected)],
+                message=message,
+                submitted=submitted,
+                started=started,
+                walltime=walltime,
+                hosts=list(_unpack(hosts)),
+            )
+        return out
+
+    def close(self) -> None:
+        """Checkpoint and close (a clean shutdown leaves just ``journal.db``)."""
+        try:
+            self._db.close()
+        except sqlite3.Error as exc:
+            raise _error(self.path, exc) from None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _held(job: JobRecord) -> list[bool]:
+    """Which ranks still hold their slots: none once the job is done; all while pre_launch runs (the
+    daemon takes them at start and frees them at the end); else those an outstanding process holds."""
+    n = len(job.ranks)
+    if job.final or job.phase in ("done", "queued"):
+        return [False] * n
+    if job.phase == "pre":
+        return [True] * n
+    held = [False] * n
+    for plan in job.processes.values():
+        for i in plan.holds:
+            if 0 <= i < n:
+                held[i] = True
+    return held
+
+
+_FIX: Final = (
+    "if it is damaged or not a pilot journal, move it aside (mv {path} {path}.bad) and start the pilot again -- "
+    "the jobs recorded in it are then forgotten -- or use the run directory this journal belongs to"
+)
+
+
+def _error(path: Path, exc: sqlite3.Error) -> JournalError:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return JournalError(
+            f"the pilot journal {path} is in use by another process (is a daemon already running on this run "
+            "directory? 'pilot status' tells); stop it first"
+        )
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return JournalError(f"the pilot journal {path} is corrupt ({text}); {_FIX.format(path=path)}")
+    if "readonly" in text or "unable to open" in text or "disk I/O" in text or "full" in text:
+        return JournalError(
+            f"cannot write the pilot journal {path} ({text}): check the file system, its space and permissions"
+        )
+    return JournalError(
+        f"the pilot journal {path} cannot be used ({type(exc).__name__}: {text}); {_FIX.format(path=path)}"
+    )
+
+
+def _setup(db: sqlite3.Connection, path: Path, *, durable: bool) -> None:
+    """Pragmas, then check (or create) the schema. Refuses foreign, corrupt and newer-version files."""
+    try:
+        db.execute("PRAGMA locking_mode = EXCLUSIVE")
+        mode = db.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            raise JournalError(
+                f"the pilot journal {path} cannot use WAL mode (got {mode}); "
+                "put the run directory on another file system"
+            )
+        db.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+        db.execute("BEGIN IMMEDIATE")  # takes the exclusive lock now: a second daemon fails here, not later
+        try:
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if app_id == 0 and version == 0 and tables == 0:
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        db.execute(stmt)
+                db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif app_id != APPLICATION_ID:
+                raise JournalError(
+                    f"{path} is an SQLite database but not a pilot journal (application_id {app_id:#x}); "
+                    f"{_FIX.format(path=path)}"
+                )
+            elif version > SCHEMA_VERSION:
+                raise JournalError(
+                    f"the pilot journal {path} was written by a newer pilot (journal schema {version}, this pilot "
+                    f"reads up to {SCHEMA_VERSION}): run that newer pilot on this run directory, or upgrade this one"
+                )
+            elif version < 1:
+                raise JournalError(f"the pilot journal {path} has no schema version; {_FIX.format(path=path)}")
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+    except sqlite3.Error as exc:
+        raise _error(path, exc) from None

@@ -1,0 +1,277 @@
+"""The journal (pilot/store.py): round trips, atomic batches, SIGKILL recovery, hostile files, cost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pilot.jobs import ProcessResult
+from pilot.launchers.base import PlannedProcess
+from pilot.lrm.base import Allocation, AllocationState
+from pilot.model.job_description import JobDescription, ResourceRequest
+from pilot.model.job_state import JobState
+from pilot.model.node import NodeConfigured
+from pilot.model.process_order import PRE, ProcessOrder
+from pilot.scheduler.placement import RankPlacement
+from pilot.store import SCHEMA_VERSION, Batch, JournalError, Store
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _desc(i: int = 0) -> JobDescription:
+    return JobDescription(
+        executable="/bin/echo",
+        arguments=["hello", str(i)],
+        environment={"A": "1"},
+        resources=ResourceRequest(process_count=2),
+        custom_attributes={"x": [1, 2]},
+        duration=30.0,
+    )
+
+
+def _order(job_id: str, slot: int) -> ProcessOrder:
+    return ProcessOrder(job_id=job_id, slot=slot, role="rank", executable="/bin/echo", cores=[slot], directory="/tmp")
+
+
+def test_round_trip_every_record_kind(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    node = NodeConfigured(name="n0", hostname="h0", processors=[0, 1, 2, 3], memory=1 << 30, gpus=[0])
+    alloc = Allocation(
+        native_id="1234",
+        lrm="slurm",
+        state=AllocationState.ACTIVE,
+        nodes=1,
+        expected_nodes=[node],
+        submitted=1.0,
+        started=2.0,
+        walltime=3600.0,
+        hosts=["h0"],
+        message="",
+    )
+    ranks = [RankPlacement("n0", [0], [0], 100), RankPlacement("n0", [1], [], 0, behind=True)]
+    with Store.open(path) as store:
+        with store.batch() as tx:
+            tx.job_accepted("1", 1, _desc(1), 10.0)
+            tx.job_accepted("2", 2, _desc(2).to_wire(), 11.0)  # the client's wire map works too
+            tx.job_accepted("3", 3, _desc(3), 12.0)
+            tx.allocation(alloc)
+        with store.batch() as tx:
+            tx.placed("1", ranks)
+            tx.job_progress("1", phase="ranks", started=20.0)
+            tx.state_changed("1", JobState.ACTIVE, 20.0)
+            tx.process_dispatched("1", PlannedProcess("n0", _order("1", 0), [0]))
+            tx.process_dispatched("1", PlannedProcess("n0", _order("1", 1), [1]))
+            tx.process_result(
+                "1", 0, ProcessResult("n0", "rank", exit_code=0, data={"max_rss": 5, "user_cpu_time": 0.5})
+            )
+            tx.placed("2", ranks[:1])
+            tx.job_progress("2", phase="pre", started=21.0)
+            tx.process_dispatched("2", PlannedProcess("n0", _order("2", PRE), []))
+            tx.pre_launch_environment("2", {"B": "2"}, ["C"])
+            meta = {"wall_duration": 1.5, "nodes": ["n0"], "exit_code": 1, "signal": None}
+            tx.job_progress("3", phase="done", started=1.0, ended=2.5, cancel_reason=None, closing=True)
+            tx.state_changed("3", JobState.FAILED, 30.0, exit_code=1, message="boom", metadata=meta)
+            tx.process_result("3", 0, ProcessResult("n0", "rank", exit_code=1, signal=None, reason="walltime"))
+    with Store.open(path) as store:
+        rec = store.load()
+    assert [j.id for j in rec.jobs] == ["1", "2", "3"]
+    assert rec.next_seq == 4
+    j1, j2, j3 = rec.jobs
+    assert j1.description == _desc(1) and j1.submitted == 10.0
+    assert j1.state is JobState.ACTIVE and j1.state_time == 20.0 and j1.phase == "ranks" and j1.started == 20.0
+    assert j1.ranks == ranks
+    assert list(j1.processes) == [1]  # slot 0 has its result: only slot 1 is outstanding
+    assert j1.processes[1].order == _order("1", 1) and j1.processes[1].holds == [1] and j1.processes[1].node == "n0"
+    assert j1.results[0].exit_code == 0 and j1.results[0].data == {"max_rss": 5, "user_cpu_time": 0.5}
+    assert j1.held == [False, True]
+    assert j2.description == _desc(2) and j2.phase == "pre" and j2.held == [True]
+    assert j2.environment == {"B": "2"} and j2.unset == ["C"]
+    assert list(j2.processes) == [PRE]
+    assert j3.state is JobState.FAILED and j3.exit_code == 1 and j3.message == "boom" and j3.metadata == meta
+    assert j3.closing and j3.ended == 2.5 and j3.results[0].reason == "walltime" and j3.held == []
+    a = rec.allocation
+    assert a is not None
+    assert (a.lrm, a.native_id, a.state, a.started, a.walltime, a.hosts) == (
+        "slurm",
+        "1234",
+        AllocationState.ACTIVE,
+        2.0,
+        3600.0,
+        ["h0"],
+    )
+    assert a.expected_nodes == [node]
+
+
+def test_empty_journal_loads_empty(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "j.db") as store:
+        rec = store.load()
+    assert rec.jobs == [] and rec.allocation is None and rec.next_seq == 1
+
+
+def test_batch_that_raises_is_rolled_back(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    with Store.open(path) as store:
+        with store.batch() as tx:
+            tx.job_accepted("1", 1, _desc(), 1.0)
+        with pytest.raises(RuntimeError, match="midway"), store.batch() as tx:
+            tx.job_accepted("2", 2, _desc(), 2.0)
+            tx.state_changed("1", JobState.CANCELED, 3.0, message="no")
+            raise RuntimeError("midway")
+        # A failure inside SQL (duplicate id) also leaves nothing of its batch.
+        with pytest.raises(JournalError), store.batch() as tx:
+            tx.job_accepted("3", 3, _desc(), 2.0)
+            tx.job_accepted("1", 4, _desc(), 2.0)
+        rec = store.load()
+    assert [j.id for j in rec.jobs] == ["1"]
+    assert rec.jobs[0].state is JobState.QUEUED
+    assert rec.next_seq == 2
+
+
+_CHILD = r"""
+import os, sys
+from pilot.model.job_description import JobDescription
+from pilot.model.job_state import JobState
+from pilot.store import Store
+
+store = Store.open(sys.argv[1])
+n, per = int(sys.argv[2]), int(sys.argv[3])
+seq = 0
+for b in range(n):
+    with store.batch() as tx:
+        for _ in range(per):
+            seq += 1
+            tx.job_accepted(str(seq), seq, JobDescription(executable="/bin/true"), 1.0)
+        if seq > per:
+            tx.state_changed(str(seq - per), JobState.ACTIVE, 2.0)
+    print(seq, flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_recovery_after_sigkill_right_after_commit(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    n, per = 50, 20
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(path), str(n), str(per)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    acked = int(proc.stdout.split()[-1])  # what the writer "acknowledged": after the commit returned
+    assert acked == n * per
+    assert Path(str(path) + "-wal").exists()  # killed: no checkpoint, the commits live in the WAL
+    with Store.open(path) as store:
+        rec = store.load()
+    assert len(rec.jobs) == acked
+    assert [j.id for j in rec.jobs] == [str(i) for i in range(1, acked + 1)]
+    assert sum(j.state is JobState.ACTIVE for j in rec.jobs) == n - 1
+    assert rec.next_seq == acked + 1
+
+
+def test_file_mode_is_0600(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    path.touch(mode=0o644)
+    os.chmod(path, 0o644)
+    store = Store.open(path)
+    with store.batch() as tx:
+        tx.job_accepted("1", 1, _desc(), 1.0)
+    for p in (path, Path(str(path) + "-wal")):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+    store.close()
+    fresh = tmp_path / "fresh.db"
+    Store.open(fresh).close()
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
+
+
+def test_corrupt_file_gives_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    path.write_bytes(b"this is not a database at all\n" * 200)
+    with pytest.raises(JournalError) as err:
+        Store.open(path)
+    assert str(path) in str(err.value) and "mv " in str(err.value)
+
+
+def test_damaged_pages_give_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    with Store.open(path) as store, store.batch() as tx:
+        for i in range(1, 2000):
+            tx.job_accepted(str(i), i, _desc(i), 1.0)
+    data = bytearray(path.read_bytes())
+    data[4096 * 2 : 4096 * 6] = b"\xff" * (4096 * 4)  # trash some b-tree pages, keep the header
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalError) as err:
+        with Store.open(path) as store:
+            store.load()
+    assert str(path) in str(err.value)
+
+
+def test_foreign_database_gives_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE stuff (x)")
+    db.commit()
+    db.close()
+    with pytest.raises(JournalError, match="not a pilot journal") as err:
+        Store.open(path)
+    assert str(path) in str(err.value)
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    Store.open(path).close()
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.commit()
+    db.close()
+    with pytest.raises(JournalError, match="newer pilot") as err:
+        Store.open(path)
+    assert str(path) in str(err.value)
+
+
+def test_second_owner_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    with Store.open(path):
+        with pytest.raises(JournalError, match="in use by another process"):
+            Store.open(path)
+
+
+def test_unreadable_record_gives_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    with Store.open(path) as store, store.batch() as tx:
+        tx.job_accepted("1", 1, _desc(), 1.0)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE jobs SET description = x'c1'")  # 0xc1 is never valid msgpack
+    db.commit()
+    db.close()
+    with pytest.raises(JournalError, match="cannot read") as err:
+        with Store.open(path) as store:
+            store.load()
+    assert str(path) in str(err.value)
+
+
+def test_explicit_commit_of_a_kept_batch(tmp_path: Path) -> None:
+    """The daemon's way: a Batch filled while handling messages, committed at the start of the flush."""
+    with Store.open(tmp_path / "j.db") as store:
+        tx = Batch()
+        store.commit(tx)  # an empty batch writes nothing
+        tx.job_accepted("7", 7, _desc(), 1.0)
+        tx.state_changed("7", JobState.CANCELED, 2.0, message="canceled while queued")
+        store.commit(tx)
+        rec = store.load()
+    assert [(j.id, j.state, j.message) for j in rec.jobs] == [("7", JobState.CANCELED, "canceled while queued")]
+    assert rec.next_seq == 8
+
+
+def test_batches_do_not_nest(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "j.db") as store, store.batch():
+        with pytest.raises(RuntimeError, match="nest"), store.batch():
+            pass
