@@ -240,7 +240,11 @@ def _run(args: argparse.Namespace) -> None:
     t_start = time.monotonic()
     with psij.JobExecutor.get_instance("pilot", url=args.url) as ex:
         ex.set_job_status_callback(on_status)
-        ex.list()  # connects (starting the embedded pilot if none runs) so start-up is timed apart
+        # Connect (starting the embedded pilot if none runs) and let its agents register, so start-up is
+        # timed apart from the run and the progress bar starts when tasks can.
+        deadline = time.monotonic() + 120
+        while (ex.pilot_status().get("allocation") or {}).get("state") == "starting" and time.monotonic() < deadline:
+            time.sleep(0.05)
         t0 = time.monotonic()
         bar = tqdm(total=n, desc="tasks", unit="task", file=sys.stderr, mininterval=0.2)
         for _ in range(n):
