@@ -231,7 +231,3 @@ class Connection:
                         sink(status)
                     except Exception:
                         log.exception("status callback failed", job=job_id)
-
-
-def now() -> float:
-    return time.time()

@@ -159,10 +159,6 @@ class LocalExecutor(LrmExecutor):
                     parts.append(f"agent {name} exited with {p.returncode}" + (f": {tail}" if tail else ""))
                 alloc.message = "every agent exited; " + "; ".join(parts)
 
-    def agent_exit_codes(self, allocation: Allocation) -> dict[str, int | None]:
-        procs = self._procs.get(allocation.native_id, [])
-        return {f"local-{i}": p.returncode for i, p in enumerate(procs)}
-
     async def cancel(self, allocation: Allocation) -> None:
         procs = self._procs.get(allocation.native_id, [])
         allocation.state = AllocationState.ENDING
