@@ -39,8 +39,10 @@ def raw_spawn_rate(n: int, threads: int = 2) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def pilot_rate(ex: object, n: int) -> tuple[float, int]:
-    """Tasks/s for n /bin/true jobs through the client; returns (rate, failures)."""
+def pilot_rate(ex: object, n: int, spec: object = None, timeout: float | None = None) -> tuple[float, int]:
+    """Tasks/s for n jobs (``spec``, default /bin/true) through the client; returns (rate, failures).
+
+    ``timeout``: seconds to wait for all final states (TimeoutError beyond); None waits forever."""
     import client as psij
 
     assert isinstance(ex, psij.JobExecutor)
@@ -54,12 +56,18 @@ def pilot_rate(ex: object, n: int) -> tuple[float, int]:
             done.release()
 
     ex.set_job_status_callback(cb)
-    spec = psij.JobSpec(executable="/bin/true")
+    if spec is None:
+        spec = psij.JobSpec(executable="/bin/true")
+    assert isinstance(spec, psij.JobSpec)
     t0 = time.perf_counter()
+    deadline = None if timeout is None else t0 + timeout
     for _ in range(n):
         ex.submit(psij.Job(spec))
-    for _ in range(n):
-        done.acquire()
+    for i in range(n):
+        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        if not done.acquire(timeout=left):
+            ex.set_job_status_callback(None)
+            raise TimeoutError(f"{n - i} of {n} jobs not final after {timeout} s")
     rate = n / (time.perf_counter() - t0)
     ex.set_job_status_callback(None)
     return rate, failures[0]

@@ -1,0 +1,460 @@
+"""Issue 7's benchmark suite: every workload of the issue's table next to a baseline measured in the same run.
+
+    python -m bench [--quick] [--only NAME[,NAME]] [--repeat N] [--json FILE]
+
+Workloads (names for ``--only``): throughput, efficiency, roundtrip, depth, submit, scheduler, memory,
+multinode. Each one that needs a pilot starts an embedded local pilot the way a user would
+(``client.JobExecutor.get_instance("pilot")`` with ``PILOT_CONFIG`` pointing at a private config, under a
+temporary ``PILOT_HOME``), and closes it before the next. Every wait is bounded; a workload that fails or
+times out prints ``error`` in its row and the suite goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import client as psij
+from bench.throughput import pilot_rate, raw_spawn_rate
+
+med = statistics.median
+
+
+@dataclass
+class Row:
+    name: str
+    workload: str
+    figure: float | None = None
+    unit: str = ""
+    baseline: float | None = None
+    baseline_unit: str = ""
+    ratio: float | None = None
+    target: str = ""
+    met: bool | None = None
+    notes: str = ""
+    raw: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Sizes:
+    quick: bool
+    repeat: int
+
+    def pick(self, quick: int, full: int) -> int:
+        return quick if self.quick else full
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def pilot(home: Path, name: str, config: str) -> Iterator[psij.JobExecutor]:
+    """An embedded local pilot with ``config`` (TOML text), closed on the way out; warmed by one job."""
+    cfg = home / f"{name}.toml"
+    cfg.write_text(config)
+    os.environ["PILOT_CONFIG"] = str(cfg)
+    ex = psij.JobExecutor.get_instance("pilot")
+    try:
+        warm = psij.Job(psij.JobSpec(executable="/bin/true"))
+        ex.submit(warm)
+        warm.wait(timeout=60)
+        yield ex
+    finally:
+        ex.close()
+
+
+def local_config(*, nodes: int = 1, cores_per_node: int | None = None, backlog: int | None = None) -> str:
+    text = "[pilot]\n" + (f"backlog = {backlog}\n" if backlog is not None else "")
+    text += f'[allocation]\nlrm = "local"\nnodes = {nodes}\n'
+    if cores_per_node is not None:
+        text += f"cores_per_node = {cores_per_node}\n"
+    return text
+
+
+def daemon_pid(home: Path) -> int:
+    """The embedded daemon's pid, from its run directory's pilot.json."""
+    from pilot.rundir import RunDir
+
+    info = RunDir(home / f"embedded-{os.getpid()}").read_info()
+    if info is None:
+        raise RuntimeError("no pilot.json in the embedded pilot's run directory")
+    return int(info["pid"])
+
+
+def start_blocker(ex: psij.JobExecutor, timeout: float = 60.0) -> psij.Job:
+    """A long job holding the pilot's only core; returns once it is ACTIVE."""
+    blocker = psij.Job(psij.JobSpec(executable="/bin/sleep", arguments=["3600"]))
+    ex.submit(blocker)
+    blocker.wait(timeout=timeout, target_states=[psij.JobState.ACTIVE])
+    if blocker.status.state is not psij.JobState.ACTIVE:
+        raise RuntimeError(f"blocker not ACTIVE after {timeout} s: {blocker.status.state}")
+    return blocker
+
+
+def submit_queued(ex: psij.JobExecutor, n: int, timeout: float) -> tuple[float, float, list[psij.Job]]:
+    """Submit n /bin/true jobs that stay queued; returns (seconds for the n submit() calls, seconds until
+    the daemon has accepted all of them (every job has its native id), jobs)."""
+    spec = psij.JobSpec(executable="/bin/true")
+    jobs = [psij.Job(spec) for _ in range(n)]
+    t0 = time.perf_counter()
+    for j in jobs:
+        ex.submit(j)
+    t_submit = time.perf_counter() - t0
+    deadline = t0 + timeout
+    for j in reversed(jobs):  # replies come in order; the last one is nearly always the last to land
+        while j.native_id is None:
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"not every submission accepted after {timeout} s")
+            time.sleep(0.0005)
+    return t_submit, time.perf_counter() - t0, jobs
+
+
+def journal_rate(per: int, total: int) -> float:
+    """Journaled submissions/s into pilot/store.py in batches of ``per`` (bench/journal_cost.py's loop)."""
+    from bench.journal_cost import _desc
+    from pilot.store import Store
+
+    raw = _desc().to_wire()
+    with tempfile.TemporaryDirectory(prefix="pilot-bench-journal-") as d, Store.open(Path(d) / "j.db") as store:
+        seq = 0
+        t0 = time.perf_counter()
+        while seq < total:
+            with store.batch() as tx:
+                for _ in range(per):
+                    seq += 1
+                    tx.job_accepted(str(seq), seq, raw, 1.0)
+        return total / (time.perf_counter() - t0)
+
+
+# -- workloads ------------------------------------------------------------------------------------------------
+
+
+def w_throughput(home: Path, s: Sizes) -> Row:
+    n = s.pick(1000, 10_000)
+    raw: list[float] = []
+    pil: list[float] = []
+    failures = 0
+    with pilot(home, "throughput", local_config()) as ex:
+        for _ in range(s.repeat):
+            raw.append(raw_spawn_rate(n))
+            rate, failed = pilot_rate(ex, n, timeout=max(120.0, n / 50))
+            pil.append(rate)
+            failures += failed
+    p, r = med(pil), med(raw)
+    return Row(
+        "throughput",
+        f"{n:,} x /bin/true via client, 1 node",
+        p,
+        "tasks/s",
+        r,
+        "raw spawn/s",
+        p / r,
+        ">= 0.6",
+        p / r >= 0.6,
+        f"{failures} failed",
+        {"pilot_per_s": pil, "raw_spawn_per_s": raw, "tasks": n},
+    )
+
+
+def w_efficiency(home: Path, s: Sizes) -> Row:
+    n, dur, cores = s.pick(100, 500), 0.05, 2
+    ideal = n * dur / cores
+    spans: list[float] = []
+    failures = 0
+    spec = psij.JobSpec(executable="/bin/sleep", arguments=[str(dur)])
+    with pilot(home, "efficiency", local_config(cores_per_node=cores)) as ex:
+        for _ in range(s.repeat):
+            rate, failed = pilot_rate(ex, n, spec=spec, timeout=ideal * 10 + 60)
+            spans.append(n / rate)
+            failures += failed
+    actual = med(spans)
+    return Row(
+        "efficiency",
+        f"{n} x sleep {dur} on {cores} cores",
+        ideal / actual,
+        "of ideal",
+        ideal,
+        "ideal s",
+        ideal / actual,
+        ">= 0.96",
+        ideal / actual >= 0.96,
+        f"makespan {actual:.2f} s; {failures} failed",
+        {"makespans_s": spans, "ideal_s": ideal, "tasks": n},
+    )
+
+
+def w_roundtrip(home: Path, s: Sizes) -> Row:
+    n = s.pick(50, 200)
+    done = threading.Event()
+
+    def cb(job: psij.Job, status: psij.JobStatus) -> None:
+        if status.state is psij.JobState.COMPLETED:
+            done.set()
+
+    spec = psij.JobSpec(executable="/bin/true")
+    pil: list[float] = []
+    raw: list[float] = []
+    with pilot(home, "roundtrip", local_config()) as ex:
+        ex.set_job_status_callback(cb)
+        for _ in range(n):
+            t0 = time.perf_counter()
+            subprocess.Popen(["/bin/true"]).wait()
+            raw.append(time.perf_counter() - t0)
+            done.clear()
+            t0 = time.perf_counter()
+            ex.submit(psij.Job(spec))
+            if not done.wait(30):
+                raise TimeoutError("no COMPLETED callback within 30 s")
+            pil.append(time.perf_counter() - t0)
+        ex.set_job_status_callback(None)
+    p, r = med(pil) * 1e3, med(raw) * 1e3
+    return Row(
+        "roundtrip",
+        "one /bin/true: submit -> COMPLETED cb",
+        p,
+        "ms",
+        r,
+        "Popen+wait ms",
+        p / r,
+        "<= 2 ms",
+        p <= 2.0,
+        f"median of {n}",
+        {"pilot_ms": [x * 1e3 for x in pil], "popen_ms": [x * 1e3 for x in raw]},
+    )
+
+
+def w_depth(home: Path, s: Sizes) -> Row:
+    small, big = 1000, s.pick(20_000, 100_000)
+    lo: list[float] = []
+    hi: list[float] = []
+    with pilot(home, "depth", local_config()) as ex:
+        for _ in range(s.repeat if s.quick else 1):  # the 100,000 run is minutes long: once
+            lo.append(pilot_rate(ex, small, timeout=300)[0])
+            hi.append(pilot_rate(ex, big, timeout=max(300.0, big / 50))[0])
+    h, low = med(hi), med(lo)
+    return Row(
+        "depth",
+        f"{big:,} up front vs {small:,}",
+        h,
+        f"tasks/s @{big // 1000}k",
+        low,
+        f"tasks/s @{small // 1000}k",
+        h / low,
+        ">= 0.9",
+        h / low >= 0.9,
+        "",
+        {"per_s_small": lo, "per_s_big": hi, "small": small, "big": big},
+    )
+
+
+def w_submit(home: Path, s: Sizes) -> Row:
+    n = s.pick(5000, 20_000)
+    accepted: list[float] = []
+    calls: list[float] = []
+    journal: list[float] = []
+    for _ in range(s.repeat):
+        journal.append(journal_rate(1, 2000))
+        with pilot(home, "submit", local_config(cores_per_node=1, backlog=0)) as ex:
+            start_blocker(ex)
+            t_submit, t_accept, _ = submit_queued(ex, n, timeout=max(120.0, n / 100))
+            calls.append(n / t_submit)
+            accepted.append(n / t_accept)
+    a, j = med(accepted), med(journal)
+    return Row(
+        "submit",
+        f"{n:,} queued jobs accepted by submit()",
+        a,
+        "jobs/s",
+        j,
+        "journal/s (batch 1)",
+        a / j,
+        ">= 20,000/s",
+        a >= 20_000,
+        f"submit() calls return at {med(calls):,.0f}/s",
+        {"accepted_per_s": accepted, "submit_calls_per_s": calls, "journal_batch1_per_s": journal, "jobs": n},
+    )
+
+
+def w_scheduler(home: Path, s: Sizes) -> Row:
+    from bench.scheduler_cost import baseline, cached_pass
+
+    nodes, cores, queued = 1000, 64, s.pick(1000, 10_000)
+    cached = [cached_pass(nodes, cores, queued) for _ in range(s.repeat)]
+    per_placed = med(c[0] / c[1] for c in cached) * 1e6
+    bases = [baseline(nodes, cores, queued, 500) for _ in range(s.repeat)]
+    base = med(b[0] for b in bases) * 1e6
+    return Row(
+        "scheduler",
+        f"{nodes:,} sim. nodes x {cores} cores, {queued:,} tasks",
+        per_placed,
+        "µs/task",
+        base,
+        "no-cache µs/task" + ("~" if bases[0][1] else ""),
+        per_placed / base,
+        "<= 20 µs",
+        per_placed <= 20,
+        "CPU time, one pass",
+        {"cached_us_per_placed": [c[0] / c[1] * 1e6 for c in cached], "nocache_us": [b[0] * 1e6 for b in bases]},
+    )
+
+
+def w_memory(home: Path, s: Sizes) -> Row:
+    import psutil
+
+    n = s.pick(10_000, 100_000)
+    with pilot(home, "memory", local_config(cores_per_node=1, backlog=0)) as ex:
+        proc = psutil.Process(daemon_pid(home))
+        start_blocker(ex)
+        time.sleep(0.5)
+        idle = proc.memory_info().rss
+        _, t_accept, jobs = submit_queued(ex, n, timeout=max(300.0, n / 100))
+        time.sleep(1.0)
+        loaded = proc.memory_info().rss
+        del jobs
+    per_job = (loaded - idle) / n
+    return Row(
+        "memory",
+        f"daemon RSS, {n:,} queued jobs",
+        per_job,
+        "B/job",
+        idle / 2**20,
+        "idle RSS MiB",
+        loaded / idle,
+        "<= 2 KB/job",
+        per_job <= 2048,
+        f"ratio = loaded/idle RSS; loaded {loaded / 2**20:.0f} MiB; accepted in {t_accept:.1f} s",
+        {"idle_rss": idle, "loaded_rss": loaded, "jobs": n},
+    )
+
+
+def w_multinode(home: Path, s: Sizes) -> Row:
+    n = s.pick(1000, 5000)
+    one: list[float] = []
+    four: list[float] = []
+    cfg4 = local_config(nodes=4) if (os.cpu_count() or 1) >= 4 else local_config(nodes=4, cores_per_node=1)
+    for _ in range(s.repeat):
+        with pilot(home, "node1", local_config()) as ex:
+            one.append(pilot_rate(ex, n, timeout=max(120.0, n / 50))[0])
+        with pilot(home, "node4", cfg4) as ex:
+            four.append(pilot_rate(ex, n, timeout=max(120.0, n / 50))[0])
+    f, o = med(four), med(one)
+    return Row(
+        "multinode",
+        f"{n:,} x /bin/true, 4 virtual nodes vs 1",
+        f,
+        "tasks/s 4 nodes",
+        o,
+        "tasks/s 1 node",
+        f / o,
+        ">= 1.0",
+        f / o >= 1.0,
+        "4 x 1 declared core" if "cores_per_node" in cfg4 else "",
+        {"per_s_4": four, "per_s_1": one, "tasks": n},
+    )
+
+
+WORKLOADS: dict[str, Callable[[Path, Sizes], Row]] = {
+    "throughput": w_throughput,
+    "efficiency": w_efficiency,
+    "roundtrip": w_roundtrip,
+    "depth": w_depth,
+    "submit": w_submit,
+    "scheduler": w_scheduler,
+    "memory": w_memory,
+    "multinode": w_multinode,
+}
+
+
+# -- output ---------------------------------------------------------------------------------------------------
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def table(rows: list[Row]) -> str:
+    head = ["workload", "figure", "in-run baseline", "ratio", "target", "met"]
+    body = []
+    for r in rows:
+        if r.error:
+            body.append([f"{r.name}: {r.workload}", "error", "-", "-", r.target or "-", "-"])
+            continue
+        body.append(
+            [
+                f"{r.name}: {r.workload}",
+                f"{_num(r.figure)} {r.unit}",
+                f"{_num(r.baseline)} {r.baseline_unit}",
+                f"{r.ratio:.2f}" if r.ratio is not None else "-",
+                r.target,
+                {True: "yes", False: "no", None: "-"}[r.met],
+            ]
+        )
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(b) + " |" for b in body]
+    notes = [f"- {r.name}: {r.error or r.notes} ({r.seconds:.0f} s)" for r in rows]
+    return "\n".join([*lines, "", *notes])
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run of about a minute")
+    ap.add_argument("--only", help="comma-separated workloads: " + ",".join(WORKLOADS))
+    ap.add_argument("--repeat", type=int, help="runs per figure, medians reported (default 3, --quick 1)")
+    ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    names = list(WORKLOADS) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        ap.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
+    sizes = Sizes(args.quick, args.repeat or (1 if args.quick else 3))
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="pilot-bench-") as tmp:
+        home = Path(tmp)
+        os.environ["PILOT_HOME"] = str(home)
+        os.environ.pop("PILOT_NAME", None)
+        for name in names:
+            print(f"running {name} ...", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            try:
+                row = WORKLOADS[name](home, sizes)
+            except Exception as e:  # one failing workload must not lose the others' figures
+                row = Row(name, "", error=f"{type(e).__name__}: {e}")
+            row.seconds = time.perf_counter() - t0
+            rows.append(row)
+    print(
+        f"\nbench {'--quick ' if args.quick else ''}{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cpus, "
+        f"Python {sys.version.split()[0]}, medians of {sizes.repeat} run(s)\n"
+    )
+    print(table(rows))
+    if args.json:
+        doc = {
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{os.cpu_count()} cpus, {sys.platform}, Python {sys.version.split()[0]}",
+            "quick": args.quick,
+            "repeat": sizes.repeat,
+            "rows": [asdict(r) for r in rows],
+        }
+        args.json.write_text(json.dumps(doc, indent=2))
+    return rows
