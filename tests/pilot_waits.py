@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import psutil
 
 import client as psij
 
@@ -42,3 +45,17 @@ def ends(job: psij.Job, state: psij.JobState, timeout: float = 20) -> psij.JobSt
     status = job.wait(timeout=timeout)
     assert status is not None and status.state is state, (job, status)
     return status
+
+
+def read_pid(path: Path, timeout: float = 10.0) -> psutil.Process:
+    """The process whose pid a task wrote to ``path`` (once the write is complete)."""
+    wait_for(lambda: path.exists() and path.read_text().endswith("\n"), timeout, f"pid file {path}")
+    return psutil.Process(int(path.read_text()))
+
+
+def gone(proc: psutil.Process) -> bool:
+    """The process has exited (a zombie not yet reaped by its parent counts as exited)."""
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

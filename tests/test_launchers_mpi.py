@@ -9,24 +9,23 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
 import pytest
+from lrm_standin import standin_request
 from slurm_fixture import slurm_cluster
 
 from pilot.launchers.mpirun import MpirunLauncher
 from pilot.launchers.srun import SrunLauncher, cpu_bind
 from pilot.lrm import create
-from pilot.lrm.base import AllocationRequest, AllocationState
+from pilot.lrm.base import AllocationState
 from pilot.lrm.slurm import SlurmExecutor
 from pilot.model.job_description import JobDescription
 from pilot.scheduler.placement import RankPlacement
 
 __all__ = ["slurm_cluster"]
 
-STANDIN = Path(__file__).resolve().parent / "data" / "lrm" / "agent_standin.py"
 MB = 2**20
 
 
@@ -229,19 +228,11 @@ async def _run_in_pilot(tmp_path: Path, argv: list[str], env: dict[str, str]) ->
     ex = create("slurm", options={"poll_interval": 0.2}, source="test")
     assert isinstance(ex, SlurmExecutor)
     reports = tmp_path / "reports"
-    reports.mkdir()
-    request = AllocationRequest(
-        nodes=2,
-        walltime=120,
-        agent_argv=[sys.executable, str(STANDIN)],
-        agent_env={
-            "PILOT_AGENT_URL": "tcp://daemon.invalid:1",
-            "TEST_REPORT_DIR": str(reports),
-            "TEST_ORDER": json.dumps({"argv": argv, "env": env}),
-            "TEST_ORDER_NODE": "node1",
-            "TEST_SLEEP": "60",
-        },
-        workdir=tmp_path / "agents",
+    request = standin_request(
+        tmp_path,
+        TEST_ORDER=json.dumps({"argv": argv, "env": env}),
+        TEST_ORDER_NODE="node1",
+        TEST_SLEEP="60",
     )
     alloc = await ex.submit(request)
     try:

@@ -14,13 +14,12 @@ import socket
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
+from pilot_waits import gone, read_pid, wait_for
 
 import client as psij
 from client import JobState
@@ -62,26 +61,6 @@ def completed(ex: psij.JobExecutor, spec: psij.JobSpec) -> psij.JobStatus:
     status = run(ex, spec)
     assert status.state is JobState.COMPLETED, status
     return status
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)
-
-
-def read_pid(path: Path, timeout: float = 10.0) -> psutil.Process:
-    wait_for(lambda: path.exists() and path.read_text().endswith("\n"), timeout, f"pid file {path}")
-    return psutil.Process(int(path.read_text()))
-
-
-def gone(proc: psutil.Process) -> bool:
-    try:
-        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def env_lines(path: Path) -> dict[str, str]:

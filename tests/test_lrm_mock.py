@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 import pytest
+from lrm_standin import standin_request
 
 from pilot import config as config_mod
 from pilot.config import ConfigError
@@ -33,7 +34,6 @@ from pilot.lrm.slurm import parse_squeue, slurm_time
 HERE = Path(__file__).resolve().parent
 MOCKBIN = HERE / "mockbin"
 DATA = HERE / "data" / "lrm"
-STANDIN = DATA / "agent_standin.py"
 CONFIGS = HERE.parent / "configs"
 
 pytestmark = pytest.mark.timeout(30)
@@ -196,19 +196,13 @@ SYSTEMS = systems()
 
 
 def request(tmp_path: Path, nodes: int = 2, walltime: float | None = 600) -> AllocationRequest:
-    reports = tmp_path / "reports"
-    reports.mkdir(parents=True, exist_ok=True)
-    return AllocationRequest(
+    return standin_request(
+        tmp_path,
         nodes=nodes,
         walltime=walltime,
-        agent_argv=[sys.executable, str(STANDIN)],
-        agent_env={
-            "PILOT_AGENT_URL": "tcp://login1:7777",
-            "PILOT_CURVE_SECRET_KEY": "s3cret",
-            "TEST_REPORT_DIR": str(reports),
-            "TEST_SLEEP": "0",
-        },
-        workdir=tmp_path / "agents",
+        url="tcp://login1:7777",
+        PILOT_CURVE_SECRET_KEY="s3cret",
+        TEST_SLEEP="0",
     )
 
 

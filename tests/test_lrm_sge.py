@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from lrm_standin import standin_request, until
 
 from pilot.lrm import create
 from pilot.lrm.base import Allocation, AllocationRequest, AllocationState
@@ -24,7 +24,6 @@ from pilot.lrm.sge import SgeExecutor
 
 HERE = Path(__file__).resolve().parent
 SETUP = HERE.parent / ".ci" / "sge.sh"
-STANDIN = HERE / "data" / "lrm" / "agent_standin.py"
 
 
 @pytest.fixture(scope="session")
@@ -50,24 +49,7 @@ def executor(**options: Any) -> SgeExecutor:
 
 
 def request(tmp_path: Path, **env: str) -> AllocationRequest:
-    reports = tmp_path / "reports"
-    reports.mkdir(exist_ok=True)
-    return AllocationRequest(
-        nodes=1,
-        walltime=300,
-        agent_argv=[sys.executable, str(STANDIN)],
-        agent_env={"PILOT_AGENT_URL": "tcp://daemon.invalid:1", "TEST_REPORT_DIR": str(reports), **env},
-        workdir=tmp_path / "agents",
-    )
-
-
-async def until(ex: SgeExecutor, alloc: Allocation, pred: Callable[[Allocation], bool], limit: float = 30) -> None:
-    with anyio.fail_after(limit):
-        while not pred(alloc):
-            await ex.poll([alloc])
-            if pred(alloc):
-                return
-            await anyio.sleep(0.2)
+    return standin_request(tmp_path, nodes=1, walltime=300, **env)
 
 
 @pytest.fixture

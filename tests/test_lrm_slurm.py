@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import anyio
 import pytest
 import zmq
 import zmq.asyncio
+from lrm_standin import standin_request, until
 from slurm_fixture import slurm_cluster
 
 from pilot import wire
@@ -26,8 +27,6 @@ from pilot.lrm.slurm import SlurmExecutor
 
 __all__ = ["slurm_cluster"]
 
-STANDIN = Path(__file__).resolve().parent / "data" / "lrm" / "agent_standin.py"
-
 
 def executor(**options: Any) -> SlurmExecutor:
     ex = create("slurm", options={"poll_interval": 0.2, **options}, source="test")
@@ -36,24 +35,7 @@ def executor(**options: Any) -> SlurmExecutor:
 
 
 def standin(tmp_path: Path, *, nodes: int = 2, walltime: float | None = 120, **env: str) -> AllocationRequest:
-    reports = tmp_path / "reports"
-    reports.mkdir(exist_ok=True)
-    return AllocationRequest(
-        nodes=nodes,
-        walltime=walltime,
-        agent_argv=[sys.executable, str(STANDIN)],
-        agent_env={"PILOT_AGENT_URL": "tcp://daemon.invalid:5555", "TEST_REPORT_DIR": str(reports), **env},
-        workdir=tmp_path / "agents",
-    )
-
-
-async def until(ex: SlurmExecutor, alloc: Allocation, pred: Callable[[Allocation], bool], limit: float = 30) -> None:
-    with anyio.fail_after(limit):
-        while not pred(alloc):
-            await ex.poll([alloc])
-            if pred(alloc):
-                return
-            await anyio.sleep(0.2)
+    return standin_request(tmp_path, nodes=nodes, walltime=walltime, url="tcp://daemon.invalid:5555", **env)
 
 
 async def reports(tmp_path: Path, count: int, limit: float = 30) -> dict[str, dict[str, Any]]:

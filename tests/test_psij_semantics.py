@@ -14,13 +14,13 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from pilot_waits import gone, read_pid, wait_for
 
 import client as psij
 from client import JobState
@@ -49,29 +49,6 @@ gpus_per_node = 0
 def sh(script: str, **kwargs: Any) -> psij.JobSpec:
     """A JobSpec running ``script`` with /bin/sh (the script itself must not use ``${...}``)."""
     return psij.JobSpec(executable="/bin/sh", arguments=["-c", script], **kwargs)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate`` (a file appearing, a process exiting) until it holds or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)
-
-
-def read_pid(path: Path, timeout: float = 10.0) -> psutil.Process:
-    """The process whose pid a task wrote to ``path`` (once the write is complete)."""
-    wait_for(lambda: path.exists() and path.read_text().endswith("\n"), timeout, f"pid file {path}")
-    return psutil.Process(int(path.read_text()))
-
-
-def gone(proc: psutil.Process) -> bool:
-    """The process has exited (a zombie not yet reaped by its parent counts as exited)."""
-    try:
-        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def final(job: psij.Job, timeout: float = WAIT) -> psij.JobStatus:
