@@ -99,6 +99,7 @@ class Daemon:
         self._lock_fd: int | None = None
         self._zap: ZapAuthenticator | None = None
         self._allocation_over = False
+        self._fit_cache: dict[tuple[Any, ...], str | None] = {}  # request key -> never_fits, per node set
         self._closing = False  # the allocation's end is near: running tasks were told to stop
         self._missing_agents = ""  # reported when agents did not register in time
         self._agent_env: dict[str, str] = {}
@@ -308,12 +309,13 @@ class Daemon:
                     f"JobSpec.launcher {description.launcher!r} is not available in this pilot; "
                     f"use one of {', '.join(LAUNCHERS)}"
                 )
-            if description.launcher == "srun" and self.lrm.kind != "slurm":
+            needs = LAUNCHERS[description.launcher].needs_lrm
+            if needs is not None and needs != self.lrm.kind:
                 raise DescriptionError(
-                    f"JobSpec.launcher 'srun' needs a Slurm allocation, and this pilot's is {self.lrm.kind!r}; "
-                    "use 'multiple' or 'mpirun'"
+                    f"JobSpec.launcher {description.launcher!r} needs a {needs.capitalize()} allocation, and this "
+                    f"pilot's is {self.lrm.kind!r}; use 'multiple' or 'mpirun'"
                 )
-            reason = never_fits(description.resources, self._capacity())
+            reason = self._never_fits(description)
             if reason is not None:
                 raise DescriptionError(f"the job can never run in this allocation: it {reason}")
         except DescriptionError as exc:
@@ -383,6 +385,14 @@ class Daemon:
                 job.phase = "done"
                 self.queue.drop()
                 self._set_state(job, JobState.FAILED, time.time(), message=message)
+
+    def _never_fits(self, description: JobDescription) -> str | None:
+        """never_fits, once per request category while the node set stays the same: it judges against
+        idle copies of every node, which per submitted job would cost O(nodes) on the submit path."""
+        key = description.resources.key
+        if key not in self._fit_cache:
+            self._fit_cache[key] = never_fits(description.resources, self._capacity())
+        return self._fit_cache[key]
 
     def _capacity(self) -> list[NodeSlots]:
         """Registered nodes, plus the ones the allocation promises that have not registered yet."""
@@ -462,6 +472,7 @@ class Daemon:
             self._agent_gone(agent, f"agent on {name} exited", state="stopped")
 
     def _register(self, node: NodeConfigured) -> None:
+        self._fit_cache.clear()
         self.agents[node.name] = AgentRecord(name=node.name, node=node)
         self.nodes[node.name] = NodeSlots.from_configured(node)
         log.info("agent registered", node=node.name, cores=len(node.processors), gpus=len(node.gpus))
@@ -469,6 +480,7 @@ class Daemon:
     def _agent_gone(self, agent: AgentRecord, message: str, *, state: str = "lost") -> None:
         if agent.state != "active":
             return
+        self._fit_cache.clear()
         agent.state = state
         slots = self.nodes.get(agent.name)
         if slots is not None:

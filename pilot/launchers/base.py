@@ -25,6 +25,8 @@ class PlannedProcess:
 
 class Launcher(ABC):
     name: ClassVar[str]
+    #: The LRM kind whose allocation this launcher needs (srun: slurm), or None for any.
+    needs_lrm: ClassVar[str | None] = None
 
     @abstractmethod
     def plan(

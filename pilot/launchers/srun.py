@@ -25,6 +25,7 @@ GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MA
 
 
 class SrunLauncher(ParallelLauncher):
+    needs_lrm: ClassVar[str | None] = "slurm"
     name: ClassVar[str] = "srun"
 
     def __init__(self, *, command: str = "srun", extra_args: tuple[str, ...] = ()) -> None:
