@@ -12,6 +12,7 @@ import heapq
 import os
 import signal
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,10 @@ class Agent:
         self._waiter.add(self._sock)
         self._engine = ProcessEngine(node=node, workdir=workdir, notify=self._waiter.poke, cpu_map=cpu_map)
         self._out: list[bytes] = []
+        #: Task events sent but not yet acknowledged by the daemon (it acknowledges once they are in its
+        #: journal). They go again with the next REGISTER: a daemon restarted after a crash gets them all.
+        self._unacked: deque[tuple[int, list[Any]]] = deque()
+        self._seq = 0
         self._registered = False
         self._last_heard = time.monotonic()
         self._next_beat = 0.0
@@ -131,6 +136,7 @@ class Agent:
                     self._add_timer(time.monotonic() + self._kill_grace, key, "kill")
         elif msg.kind == wire.Kind.REGISTERED:
             self._registered = True
+            self._acked(msg.body)
             self._heartbeat = float(wire.opt_field(msg.body, "heartbeat_interval", (int, float), self._heartbeat))
             self._next_beat = time.monotonic() + self._heartbeat
             log.info("registered", node=self.node.name)
@@ -138,6 +144,8 @@ class Agent:
             if not wire.opt_field(msg.body, "known", bool, True):
                 self._registered = False
                 self._next_beat = 0.0
+            else:
+                self._acked(msg.body)
         elif msg.kind == wire.Kind.STOP:
             self._begin_stop(wire.opt_field(msg.body, "reason", str, "pilot stopping"))
 
@@ -157,8 +165,14 @@ class Agent:
             sent += 1
         del self._out[:sent]
 
-    def _forward(self) -> None:
-        events = self._engine.drain()
+    def _acked(self, body: dict[str, Any]) -> None:
+        acked = wire.opt_field(body, "acked", int, 0)
+        while self._unacked and self._unacked[0][0] <= acked:
+            self._unacked.popleft()
+
+    def _forward(self, events: list[Any] | None = None) -> None:
+        if events is None:
+            events = self._engine.drain()
         if not events:
             return
         # A process that started and exited within one batch is reported by its exit alone (it carries
@@ -173,7 +187,10 @@ class Agent:
                 if deadline is not None:
                     self._add_timer(deadline, (ev.job_id, ev.slot), "walltime")
             out.append(ev.to_wire())
-        self._queue(wire.Kind.TASK_EVENTS, {"events": out})
+        self._seq += 1
+        self._unacked.append((self._seq, out))
+        if self._registered:  # else they go with the REGISTER
+            self._queue(wire.Kind.TASK_EVENTS, {"events": out, "seq": self._seq})
 
     # -- timers: heartbeat, walltime, kill escalation, stopping -----------------------------------
 
@@ -197,9 +214,16 @@ class Agent:
                 )
                 self._next_beat = now + self._heartbeat
             else:
+                running, events = self._engine.snapshot()
+                self._forward(events)
                 self._queue(
                     wire.Kind.REGISTER,
-                    {"node": self.node.to_wire(), "running": [list(k) for k in self._engine.running()]},
+                    {
+                        "node": self.node.to_wire(),
+                        "running": [list(k) for k in running],
+                        "events": [ev for _, chunk in self._unacked for ev in chunk],
+                        "seq": self._seq,
+                    },
                 )
                 self._next_beat = now + min(self._heartbeat, 0.5)
             if now - self._last_heard > self._orphan_timeout and not self._stopping:

@@ -88,6 +88,9 @@ class ProcessEngine:
         self._events: list[Event] = []
         self._stopping = False
         self._pending_orders = 0
+        #: Orders accepted and not yet started or failed: a key leaves this set only in the same locked
+        #: step that records its first event, so :meth:`snapshot` never misses a process.
+        self._pending_keys: Counter[Key] = Counter()
         self._nodefiles: dict[tuple[str, ...], str] = {}
         self._all_cpus = sorted(os.sched_getaffinity(0))
         self._base_env = environment.inherited()
@@ -117,6 +120,7 @@ class ProcessEngine:
         for c in order.cores:
             self._core_users[c] += 1
         self._pending_orders += 1
+        self._pending_keys[(order.job_id, order.slot)] += 1
         self._orders.put(order)
 
     def _release(self, order: ProcessOrder) -> None:
@@ -184,7 +188,21 @@ class ProcessEngine:
     def running(self) -> list[Key]:
         """Keys of the processes this agent runs and of the orders waiting for their cores."""
         with self._lock:
-            return [*self._by_key, *((w.job_id, w.slot) for w in self._waiting)]
+            return self._running_locked()
+
+    def _running_locked(self) -> list[Key]:
+        keys = dict.fromkeys(self._by_key)
+        keys.update(dict.fromkeys(self._pending_keys))
+        keys.update(dict.fromkeys((w.job_id, w.slot) for w in self._waiting))
+        return list(keys)
+
+    def snapshot(self) -> tuple[list[Key], list[Event]]:
+        """Running keys and the events not drained yet, taken together: every order this agent got is
+        in one or the other (or in events drained before), which a restarted daemon relies on to tell
+        orders the agent never received from ones it ran."""
+        with self._lock:
+            events, self._events = self._events, []
+            return self._running_locked(), events
 
     def busy(self) -> bool:
         with self._lock:
@@ -228,6 +246,10 @@ class ProcessEngine:
             finally:
                 with self._lock:
                     self._pending_orders -= 1
+                    key = (order.job_id, order.slot)
+                    self._pending_keys[key] -= 1
+                    if self._pending_keys[key] <= 0:
+                        del self._pending_keys[key]
                 if not spawned:
                     self._release(order)
 
@@ -375,7 +397,6 @@ class ProcessEngine:
                 self._early[pid] = (status, rusage, mono)
                 return
             key = (run.order.job_id, run.order.slot)
-            self._by_key.pop(key, None)
         code = os.waitstatus_to_exitcode(status)
         run.popen.returncode = code
         data: dict[str, Any] = {
@@ -393,7 +414,12 @@ class ProcessEngine:
             after = _read_env(run.env_file)
             if after is not None and run.env is not None:
                 data["environment"], data["unset"] = environment.changes(run.env, after)
-        self._emit(Event(run.order.job_id, run.order.slot, "exited", run.started + data["wall_duration"], data))
+        event = Event(run.order.job_id, run.order.slot, "exited", run.started + data["wall_duration"], data)
+        with self._lock:
+            if self._by_key.get(key) is run:
+                del self._by_key[key]  # in the same step as its exit event: see snapshot()
+            self._events.append(event)
+        self._notify()
         self._release(run.order)
 
     def _emit(self, event: Event) -> None:

@@ -1,19 +1,40 @@
 """One connection per process and daemon: a DEALER socket owned by an I/O thread.
 
-Callers on any thread hand requests to the I/O thread (a list plus a self-pipe) and wait on their
-reply; status batches go to a dispatch thread that updates jobs and runs user callbacks, so a slow
-callback never stalls the socket.
+Callers on any thread hand requests to the I/O thread (a queue plus a self-pipe) and wait on their
+reply, at most ``timeout`` seconds (the executor's ``request_timeout``); status batches go to a dispatch
+thread that updates jobs and runs user callbacks, so a slow callback never stalls the socket.
+
+Losing the daemon, and getting it back (a new daemon on the same run directory):
+
+- A socket serves one connection only (``RECONNECT_IVL`` -1) and is watched by a socket monitor. At its
+  first disconnect the I/O thread closes it, which drops whatever ZeroMQ still held for it. A request
+  already handed to that socket fails at once (``SubmitException``, transient) saying that it may or
+  may not have been carried out. It is never sent again: a submit that got no reply must not create a
+  second job behind the caller's back. A request not sent yet waits, within its timeout, for the next
+  connection.
+- While disconnected, the I/O thread reads the run directory's ``pilot.json``. When it names no live
+  daemon, waiting requests fail at once (transient, "not sent") and so do new ones, instead of waiting
+  out their timeout. When a live daemon is there again (``pilot up`` on the same run directory), a new
+  socket connects to it. Without a known run directory (an explicit address), it retries with backoff.
+- Once a connection is up, before anything else, the I/O thread sends ATTACH again for every job it
+  still follows (those not final). The daemon subscribes the new connection, so status callbacks and
+  ``Job.wait()`` resume; the status in the reply is delivered like an event. A job that the daemon says
+  it does not know (restarted without it) ends FAILED, with a message saying so, instead of waiting
+  forever.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, Final
 
 import structlog
 import zmq
@@ -21,24 +42,80 @@ from zmq.utils.monitor import recv_monitor_message
 
 from client.exceptions import SubmitException
 from pilot import wire
+from pilot.rundir import INFO_FILE, RunDir
 
 log = structlog.get_logger("client")
 
 StatusSink = Callable[[list[Any]], None]
 OnReply = Callable[[dict[str, Any]], None]
 
-#: After the daemon's socket goes away, how long a reconnect may take before requests fail (transient).
-RECONNECT_GRACE = 2.0
+#: How long a request waits for its reply by default (the executors' ``request_timeout``). A daemon
+#: that is gone is noticed well before that (socket monitor, run directory); this bounds a live daemon
+#: that does not answer, and a request made while the connection is being re-established. Keep it above
+#: the few seconds a pilot at ``max_queued`` may hold a submit before refusing it (backpressure):
+#: a submit whose caller timed out first may still be accepted afterwards (its message says so).
+DEFAULT_REQUEST_TIMEOUT: Final = 10.0
+
+_CONNECT_TIMEOUT: Final = 2.0  # one connection attempt, socket created to handshake done
+_RETRY_MIN: Final = 0.1  # between looks at the run directory (or connection attempts) while disconnected
+_RETRY_MAX: Final = 1.0  # backoff limit for attempts that fail
+_LIVENESS_INTERVAL: Final = 0.5  # run directory check while requests wait on a live connection
+_REATTACH_BATCH: Final = 5000  # job ids per ATTACH re-sent on reconnect
+_FINAL: Final = ("COMPLETED", "FAILED", "CANCELED")
+_DOWN_EVENTS: Final = frozenset(
+    {
+        zmq.EVENT_DISCONNECTED,
+        zmq.EVENT_CLOSED,
+        zmq.EVENT_MONITOR_STOPPED,
+        zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+        zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+        zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+    }
+)
 
 
 class _Pending:
-    __slots__ = ("body", "done", "lost", "on_reply")
+    __slots__ = ("body", "done", "frame", "internal", "kind", "lost", "on_reply", "sent")
 
-    def __init__(self, on_reply: OnReply | None) -> None:
+    def __init__(self, kind: str, frame: bytes, on_reply: OnReply | None, *, internal: bool = False) -> None:
+        self.kind = kind
+        self.frame = frame
         self.done = threading.Event()
         self.body: dict[str, Any] | None = None
-        self.lost: str | None = None  # set instead of body when the daemon went away
+        self.lost: str | None = None  # set instead of body when the request cannot be answered
         self.on_reply = on_reply
+        self.sent = False  # handed to a socket: the daemon may have carried it out
+        self.internal = internal  # the I/O thread's own (re-attach), nobody waits on it
+
+
+class _Link:
+    """One socket, one connection: up after the handshake, finished at the first disconnect."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], url: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        self.sock.setsockopt(zmq.RECONNECT_IVL, -1)  # never reconnect this socket: frames queued on it die with it
+        try:
+            self.mon = self.sock.get_monitor_socket(zmq.EVENT_ALL)
+        except zmq.ZMQError:
+            self.sock.close(linger=0)
+            raise
+        try:
+            self.sock.connect(url)
+        except zmq.ZMQError:
+            self.close()
+            raise
+        self.up = False
+        self.deadline = time.monotonic() + _CONNECT_TIMEOUT
+
+    def close(self) -> None:
+        try:
+            self.sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self.mon.close(linger=0)
+        self.sock.close(linger=0)
 
 
 class Connection:
@@ -46,13 +123,25 @@ class Connection:
     _instances_lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
-    def get(cls, url: str) -> Connection:
+    def acquire(cls, url: str, *, rundir: RunDir | None = None) -> Connection:
+        """The process's connection to ``url``, shared; each ``acquire`` needs one :meth:`release`."""
         with cls._instances_lock:
             conn = cls._instances.get(url)
             if conn is None or conn._closed:
-                conn = cls(url)
+                conn = cls(url, rundir=rundir)
                 cls._instances[url] = conn
+            conn._users += 1
             return conn
+
+    def release(self) -> None:
+        """One user is done; the last one closes the connection (and joins its threads)."""
+        with Connection._instances_lock:
+            self._users -= 1
+            if self._users > 0 or self._closed:
+                return
+            if Connection._instances.get(self.url) is self:
+                del Connection._instances[self.url]
+        self.close()
 
     @classmethod
     def close_url(cls, url: str, *, shutdown: bool = False) -> None:
@@ -66,66 +155,99 @@ class Connection:
                     pass
             conn.close()
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, rundir: RunDir | None = None) -> None:
         self.url = url
+        #: Where the daemon's ``pilot.json`` is, to tell a dead daemon from a slow one; None: unknown.
+        self.rundir = rundir if rundir is not None else _rundir_of(url)
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._rids = itertools.count(1)
         self._lock = threading.Lock()
-        self._outbox: list[bytes] = []
+        self._outbox: deque[int] = deque()  # rids not sent yet, in order
         self._pending: dict[int, _Pending] = {}
         self._sinks: dict[str, list[StatusSink]] = {}
-        self._statuses: queue.SimpleQueue[list[list[Any]] | None] = queue.SimpleQueue()
+        # Batches of (status, the sinks it goes to), for the dispatch thread; None stops it.
+        self._statuses: queue.SimpleQueue[list[tuple[list[Any], list[StatusSink]]] | None] = queue.SimpleQueue()
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._wfd, False)
         self._closed = False
+        self._users = 0
+        self._dead: str | None = None  # why no daemon is running, while the I/O thread finds none
+        self.connects = 0  # connections made so far (1 + reconnections)
         self._io = threading.Thread(target=self._io_loop, name="pilot-client-io", daemon=True)
         self._dispatch = threading.Thread(target=self._dispatch_loop, name="pilot-client-callbacks", daemon=True)
         self._io.start()
         self._dispatch.start()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def in_flight(self) -> int:
+        """Requests handed to the daemon's socket and not answered yet."""
+        with self._lock:
+            return sum(1 for p in self._pending.values() if p.sent and not p.internal)
+
     # -- caller side --------------------------------------------------------------------------------
 
     def request(
-        self, kind: str, body: dict[str, Any], *, timeout: float = 30.0, on_reply: OnReply | None = None
+        self,
+        kind: str,
+        body: dict[str, Any],
+        *,
+        timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        on_reply: OnReply | None = None,
     ) -> dict[str, Any]:
-        """Send one request and wait for its reply; SubmitException(transient) when the daemon is silent."""
+        """Send one request and wait for its reply, at most ``timeout`` seconds. Raises a transient
+        SubmitException when the daemon is not running, went away before answering, or is silent.
+        ``on_reply`` runs on the I/O thread with the reply, before any later frame is read."""
         if self._closed:
             raise SubmitException("the connection to the pilot is closed", transient=True)
+        if self._dead is not None and self._daemon_gone():
+            raise SubmitException(f"{self._dead}; the request was not sent", transient=True)
         rid = next(self._rids)
-        pending = _Pending(on_reply)
-        frame = wire.encode(kind, {**body, "rid": rid})
+        pending = _Pending(kind, wire.encode(kind, {**body, "rid": rid}), on_reply)
         with self._lock:
+            if self._closed:
+                raise SubmitException("the connection to the pilot is closed", transient=True)
             self._pending[rid] = pending
-            self._outbox.append(frame)
+            self._outbox.append(rid)
         self._wake()
         if not pending.done.wait(timeout):
             with self._lock:
-                self._pending.pop(rid, None)
-            raise SubmitException(
-                f"the pilot at {self.url} did not answer within {timeout:g} s; is it running? ('pilot status')",
-                transient=True,
-            )
+                mine = self._pending.pop(rid, None) is not None
+                sent = pending.sent
+                if mine and not sent:
+                    try:
+                        self._outbox.remove(rid)
+                    except ValueError:
+                        pass
+            if mine:
+                raise SubmitException(self._timeout_message(kind, timeout, sent=sent), transient=True)
+            pending.done.wait()  # the I/O thread took it meanwhile: its reply (or loss) is being delivered
         if pending.lost is not None:
             raise SubmitException(pending.lost, transient=True)
         assert pending.body is not None
         return pending.body
 
     def subscribe(self, job_id: str, sink: StatusSink) -> None:
-        """Route status updates of ``job_id`` to ``sink``. Call from an ``on_reply`` hook to win the race
-        with the job's first event."""
-        self._sinks.setdefault(job_id, []).append(sink)
+        """Route status updates of ``job_id`` to ``sink`` until its final one, across reconnections.
+        Call from an ``on_reply`` hook to win the race with the job's first event."""
+        with self._lock:
+            self._sinks.setdefault(job_id, []).append(sink)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._wake()
-        self._io.join(timeout=5)
+        if threading.current_thread() is not self._io:
+            self._io.join(timeout=5)
         self._statuses.put(None)
         if threading.current_thread() is not self._dispatch:
             self._dispatch.join(timeout=5)
-        os.close(self._rfd)
-        os.close(self._wfd)
+        if not self._io.is_alive():
+            os.close(self._rfd)
+            os.close(self._wfd)
 
     def _wake(self) -> None:
         try:
@@ -133,55 +255,219 @@ class Connection:
         except (BlockingIOError, OSError):
             pass
 
+    def _daemon_gone(self) -> bool:
+        """The run directory names no live daemon (False when there is no run directory to look at)."""
+        return self.rundir is not None and self.rundir.read_info() is None
+
+    def _timeout_message(self, kind: str, timeout: float, *, sent: bool) -> str:
+        if not sent:
+            return (
+                f"could not reach the pilot at {self.url} within {timeout:g} s (request_timeout); the {kind} "
+                "request was not sent. Is the pilot running? ('pilot status')"
+            )
+        if kind == wire.Kind.SUBMIT:
+            outcome = "the job may still be accepted: check list() before submitting it again"
+        else:
+            outcome = f"the {kind} request may still be carried out"
+        return f"the pilot at {self.url} did not answer within {timeout:g} s (request_timeout); {outcome}"
+
+    def _lost_message(self, kind: str) -> str:
+        if kind == wire.Kind.SUBMIT:
+            outcome = (
+                "the job may or may not have been accepted: check list() before submitting it again "
+                "(it is not resent, so that it cannot run twice)"
+            )
+        else:
+            outcome = f"the {kind} request may or may not have been carried out"
+        return f"the connection to the pilot at {self.url} was lost before it answered; {outcome}"
+
+    def _not_running_message(self) -> str:
+        where = self.rundir.path if self.rundir is not None else self.url
+        return (
+            f"no pilot is running in {where} (its daemon exited); start it again with 'pilot up', "
+            "and this executor reconnects by itself"
+        )
+
     # -- I/O thread ---------------------------------------------------------------------------------
 
     def _io_loop(self) -> None:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
-        # Watch the connection: a daemon that is gone fails pending requests fast instead of at their timeout.
-        mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        sock.connect(self.url)
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
         poller.register(self._rfd, zmq.POLLIN)
-        poller.register(mon, zmq.POLLIN)
-        down_since: float | None = None
+        link: _Link | None = None
+        retry_at = 0.0
+        backoff = _RETRY_MIN
+        check_at = 0.0
         try:
             while not self._closed:
-                ready = dict(poller.poll(1000 if down_since is None else 100))
-                if mon in ready:
-                    while mon.poll(0):
-                        event = recv_monitor_message(mon)["event"]
-                        if event == zmq.EVENT_CONNECTED:
-                            down_since = None
-                        elif event == zmq.EVENT_DISCONNECTED and down_since is None:
-                            down_since = time.monotonic()
-                if down_since is not None and time.monotonic() - down_since > RECONNECT_GRACE:
-                    self._fail_pending(f"the pilot at {self.url} went away; is it running? ('pilot status')")
+                now = time.monotonic()
+                if link is None and now >= retry_at:
+                    retry_at = now + backoff
+                    if self._daemon_gone():
+                        self._dead = self._not_running_message()
+                        self._fail(lambda p: f"{self._dead}; the {p.kind} request was not sent", sent_only=False)
+                    else:
+                        try:
+                            link = _Link(self._ctx, self.url)
+                        except zmq.ZMQError as exc:
+                            log.warning("cannot open a socket to the pilot", url=self.url, error=str(exc))
+                            backoff = min(backoff * 2, _RETRY_MAX)
+                        else:
+                            poller.register(link.sock, zmq.POLLIN)
+                            poller.register(link.mon, zmq.POLLIN)
+                if link is None:
+                    wait = retry_at - now
+                elif not link.up:
+                    wait = link.deadline - now
+                else:
+                    wait = _LIVENESS_INTERVAL if self._pending else 1.0
+                ready = dict(poller.poll(max(0, int(wait * 1000))))
                 if self._rfd in ready:
                     os.read(self._rfd, 65536)
-                    with self._lock:
-                        out, self._outbox = self._outbox, []
-                    for frame in out:
-                        sock.send(frame)
-                if sock in ready:
-                    self._receive(sock)
+                if link is None:
+                    continue
+                if ready.get(link.sock, 0) & zmq.POLLIN:
+                    self._receive(link.sock)
+                came_up, down = self._link_events(link)
+                now = time.monotonic()
+                if not down and not link.up and now >= link.deadline:
+                    down = True
+                if not down and link.up and self._pending and now >= check_at:
+                    check_at = now + _LIVENESS_INTERVAL
+                    down = self._daemon_gone()  # belt and braces: the monitor normally says so first
+                if down:
+                    self._receive(link.sock)  # what the daemon sent before it went
+                    was_up = link.up
+                    poller.unregister(link.sock)
+                    poller.unregister(link.mon)
+                    link.close()
+                    link = None
+                    if was_up:
+                        log.warning("lost the pilot", url=self.url)
+                        backoff = _RETRY_MIN
+                        retry_at = now  # look at the run directory right away
+                    else:
+                        backoff = min(backoff * 2, _RETRY_MAX)
+                    self._fail(lambda p: self._lost_message(p.kind), sent_only=True)
+                    continue
+                if came_up:
+                    self._dead = None
+                    backoff = _RETRY_MIN
+                    self.connects += 1
+                    if self.connects > 1:
+                        log.info("reconnected to the pilot", url=self.url)
+                    self._queue_reattach()
+                if link.up:
+                    blocked = not self._send(link.sock)
+                    poller.modify(link.sock, zmq.POLLIN | (zmq.POLLOUT if blocked else 0))
         finally:
-            sock.disable_monitor()
-            mon.close(linger=0)
-            sock.close(linger=0)
+            if link is not None:
+                link.close()
+            self._fail(lambda p: "the connection to the pilot is closed", sent_only=False)
 
-    def _fail_pending(self, message: str) -> None:
+    def _link_events(self, link: _Link) -> tuple[bool, bool]:
+        """(came up, went down) from the link's monitor events."""
+        came_up = down = False
+        while link.mon.poll(0):
+            event = recv_monitor_message(link.mon)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and not link.up:
+                link.up = came_up = True
+            elif event in _DOWN_EVENTS:
+                down = True
+        return came_up, down
+
+    def _send(self, sock: zmq.Socket[bytes]) -> bool:
+        """Hand the outbox to the socket, in order; False when it cannot take more now."""
         with self._lock:
-            pending, self._pending = list(self._pending.values()), {}
-            self._outbox = []  # not sent: a daemon that comes back must not run what the caller saw fail
-        for p in pending:
-            p.lost = message
+            batch: list[tuple[int, _Pending]] = []
+            while self._outbox:
+                rid = self._outbox.popleft()
+                p = self._pending.get(rid)
+                if p is not None:  # else its caller gave up before it was sent
+                    p.sent = True  # before the send: a caller timing out meanwhile must not say "not sent"
+                    batch.append((rid, p))
+        for i, (_, p) in enumerate(batch):
+            try:
+                sock.send(p.frame, zmq.NOBLOCK)
+            except zmq.Again:
+                with self._lock:
+                    for rid, q in reversed(batch[i:]):
+                        if rid in self._pending:
+                            q.sent = False
+                            self._outbox.appendleft(rid)
+                return False
+        return True
+
+    def _fail(self, message: Callable[[_Pending], str], *, sent_only: bool) -> None:
+        """Fail waiting requests: those sent (the connection that carried them is gone), or all. An
+        unsent re-attach is dropped too: the next connection sends its own."""
+        with self._lock:
+            victims = [(rid, p) for rid, p in self._pending.items() if p.sent or not sent_only or p.internal]
+            for rid, _ in victims:
+                del self._pending[rid]
+            if sent_only:
+                gone = {rid for rid, _ in victims}
+                self._outbox = deque(r for r in self._outbox if r not in gone)
+            else:
+                self._outbox.clear()
+        for _, p in victims:
+            p.lost = message(p)
             p.done.set()
 
+    def _queue_reattach(self) -> None:
+        """ATTACH every followed job again, ahead of anything else this connection sends."""
+        with self._lock:
+            ids = list(self._sinks)
+            rids = []
+            for start in range(0, len(ids), _REATTACH_BATCH):
+                chunk = ids[start : start + _REATTACH_BATCH]
+                rid = next(self._rids)
+                frame = wire.encode(wire.Kind.ATTACH, {"ids": chunk, "rid": rid})
+                self._pending[rid] = _Pending(
+                    wire.Kind.ATTACH, frame, functools.partial(self._reattached, chunk), internal=True
+                )
+                rids.append(rid)
+            self._outbox.extendleft(reversed(rids))
+        if ids:
+            log.info("following jobs again after reconnecting", url=self.url, jobs=len(ids))
+
+    def _reattached(self, ids: list[str], body: dict[str, Any]) -> None:
+        """The daemon's answer to a re-attach (on the I/O thread): each job's current status goes to its
+        sinks; a job it does not know ends FAILED. Sinks of jobs that end here are removed now, before
+        any later reply is read: a daemon that lost its jobs reuses their ids for new ones."""
+        results = body.get("results")
+        if not isinstance(results, list) or len(results) != len(ids):
+            log.warning("unexpected answer to a re-attach; jobs not followed again", reply=str(body)[:200])
+            return
+        out: list[tuple[list[Any], list[StatusSink]]] = []
+        now = time.time()
+        with self._lock:
+            for job_id, result in zip(ids, results, strict=True):
+                sinks = self._sinks.get(job_id)
+                if not sinks or not isinstance(result, dict):
+                    continue
+                status = result.get("status")
+                if "error" in result or not (isinstance(status, list) and len(status) == 6):
+                    error = result.get("error", f"malformed status {status!r}")
+                    status = [
+                        job_id,
+                        "FAILED",
+                        now,
+                        None,
+                        (
+                            f"lost: the pilot was restarted and no longer knows job {job_id} ({error}); it may "
+                            "have run, in part or in full, before the restart. Submit it again if needed"
+                        ),
+                        None,
+                    ]
+                    log.warning("job lost by the pilot's restart", job=job_id, error=str(error))
+                if status[1] in _FINAL:
+                    del self._sinks[job_id]
+                out.append((status, list(sinks)))
+        if out:
+            self._statuses.put(out)
+
     def _receive(self, sock: zmq.Socket[bytes]) -> None:
-        statuses: list[list[Any]] = []
+        statuses: list[tuple[list[Any], list[StatusSink]]] = []
         while True:
             try:
                 frame = sock.recv(zmq.NOBLOCK)
@@ -195,13 +481,16 @@ class Connection:
             if msg.kind == wire.Kind.EVENTS:
                 events = msg.body.get("events")
                 if isinstance(events, list):
-                    statuses.extend(e for e in events if isinstance(e, list) and len(e) == 6)
+                    self._route([e for e in events if isinstance(e, list) and len(e) == 6], statuses)
                 continue
             rid = msg.body.get("rid")
             with self._lock:
                 pending = self._pending.pop(rid, None) if isinstance(rid, int) else None
             if pending is None:
                 continue
+            if statuses:  # in order: what this reply's hook queues goes after the events read before it
+                self._statuses.put(statuses)
+                statuses = []
             if pending.on_reply is not None:
                 try:
                     pending.on_reply(msg.body)
@@ -212,6 +501,19 @@ class Connection:
         if statuses:
             self._statuses.put(statuses)
 
+    def _route(self, events: list[list[Any]], out: list[tuple[list[Any], list[StatusSink]]]) -> None:
+        """Pair each status with its job's sinks now, on the I/O thread: the sinks a job has when its
+        event is read (a hook subscribed them before), not whichever hold its id when it is dispatched."""
+        with self._lock:
+            for status in events:
+                job_id = status[0]
+                sinks = self._sinks.get(job_id) if isinstance(job_id, str) else None
+                if not sinks:
+                    continue
+                if status[1] in _FINAL:
+                    del self._sinks[job_id]
+                out.append((status, list(sinks)))
+
     # -- dispatch thread ----------------------------------------------------------------------------
 
     def _dispatch_loop(self) -> None:
@@ -219,15 +521,17 @@ class Connection:
             batch = self._statuses.get()
             if batch is None:
                 return
-            for status in batch:
-                job_id = status[0]
-                sinks = self._sinks.get(job_id) if isinstance(job_id, str) else None
-                if not sinks:
-                    continue
-                if status[1] in ("COMPLETED", "FAILED", "CANCELED"):
-                    self._sinks.pop(job_id, None)
+            for status, sinks in batch:
                 for sink in sinks:
                     try:
                         sink(status)
                     except Exception:
-                        log.exception("status callback failed", job=job_id)
+                        log.exception("status callback failed", job=status[0])
+
+
+def _rundir_of(url: str) -> RunDir | None:
+    """The run directory of an ``ipc://`` address in one (where ``pilot.json`` sits next to the socket)."""
+    if not url.startswith("ipc://"):
+        return None
+    parent = Path(url.removeprefix("ipc://")).parent
+    return RunDir(parent) if (parent / INFO_FILE).exists() else None

@@ -90,20 +90,23 @@ _embedded: EmbeddedPilot | None = None
 _users = 0
 
 
-def resolve(url: str | None) -> tuple[str, bool]:
-    """The daemon's client address and whether it is this process's embedded pilot."""
+def resolve(url: str | None) -> tuple[str, bool, RunDir | None]:
+    """The daemon's client address, whether it is this process's embedded pilot, and its run directory
+    when known (where a client looks to tell a dead daemon from a slow one, and when it is back)."""
     global _embedded, _users
     if url:
         if url.startswith(("ipc://", "tcp://")):
-            return url, False
-        info = RunDir(Path(url).expanduser()).read_info()
+            return url, False, None
+        rundir = RunDir(Path(url).expanduser())
+        info = rundir.read_info()
         if info is None:
             raise SubmitException(f"no pilot is running in {url}", transient=True)
-        return str(info["client_url"]), False
+        return str(info["client_url"]), False, rundir
     name = os.environ.get("PILOT_NAME", "default")
-    info = RunDir.named(name).read_info()
+    rundir = RunDir.named(name)
+    info = rundir.read_info()
     if info is not None:
-        return str(info["client_url"]), False
+        return str(info["client_url"]), False, rundir
     with _lock:
         if _embedded is None or _embedded.process is None or _embedded.process.poll() is not None:
             _embedded = EmbeddedPilot(config=os.environ.get("PILOT_CONFIG"))
@@ -111,7 +114,7 @@ def resolve(url: str | None) -> tuple[str, bool]:
             if _users == 0:
                 atexit.register(_stop_at_exit)
         _users += 1
-        return _embedded.client_url, True
+        return _embedded.client_url, True, _embedded.rundir
 
 
 def release() -> None:

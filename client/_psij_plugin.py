@@ -3,7 +3,11 @@
 Registered by ``psij-descriptors/pilot_descriptor.py``; psij-python loads ``client/psij_executor.py``
 (a shim re-exporting this class) by path. ``get_instance('pilot', url=...)`` takes what our own
 ``JobExecutor`` takes: an ``ipc://``/``tcp://`` address, a run directory, or nothing (the running
-default pilot, else an embedded one configured by ``PILOT_CONFIG``).
+default pilot, else an embedded one configured by ``PILOT_CONFIG``). The keyword-only
+``request_timeout`` (seconds, default 10) bounds the wait for the pilot's answers, as for our own
+``JobExecutor``; psij's ``get_instance`` cannot pass it, so construct ``PilotJobExecutor`` directly to
+change it. A daemon restarted on the same run directory is followed by itself (see
+``client/_connection.py``).
 
 Statuses of one job reach psij from two threads (``submit``/``attach`` in the caller's, the rest on
 the connection's dispatch thread). psij's ``Job.status`` setter checks and assigns in two separate
@@ -23,23 +27,31 @@ from typing import Any
 import psij
 
 from client._backend import Backend
+from client._connection import DEFAULT_REQUEST_TIMEOUT, StatusSink
 from client._translate import spec_to_wire
 from client.exceptions import InvalidJobException, SubmitException
 
 
 class PilotJobExecutor(psij.JobExecutor):
-    def __init__(self, url: str | None = None, config: psij.JobExecutorConfig | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        config: psij.JobExecutorConfig | None = None,
+        *,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    ) -> None:
         super().__init__(url=url, config=config or psij.JobExecutorConfig())
-        self._backend = Backend(url)  # connects on first use: psij's suite builds every executor at collection
+        # Connects on first use: psij's suite builds every executor at collection.
+        self._backend = Backend(url, request_timeout=request_timeout)
 
     def submit(self, job: psij.Job) -> None:
         spec = self._check_job(job)  # NEW, has a spec, no executor yet; sets job.executor
         try:
             description = spec_to_wire(spec)
 
-            def on_id(native_id: str) -> None:  # on the I/O thread, before any status of the job
+            def on_id(native_id: str) -> StatusSink:  # on the I/O thread, before any status of the job
                 job._native_id = native_id
-                self._backend.connection.subscribe(native_id, lambda raw: self._apply(job, raw))
+                return lambda raw: self._apply(job, raw)
 
             t = self._backend.submit(description, on_id)
         except InvalidJobException as exc:

@@ -3,6 +3,12 @@
 ``get_instance('pilot', url=...)`` connects to the daemon at ``url`` (an ``ipc://``/``tcp://`` address
 or a run directory), else to the running default pilot (``PILOT_HOME``, ``PILOT_NAME``), else starts
 an embedded local pilot (``PILOT_CONFIG`` picks its config) that stops when the executor closes.
+
+``request_timeout`` (keyword-only, seconds, default 10) bounds how long ``submit``, ``cancel``, ``list``,
+``attach`` and ``pilot_status`` wait for the pilot's answer; they then raise ``SubmitException`` with
+``transient=True``. A daemon that is gone is reported at once, not at the timeout. The executor follows
+a daemon restarted on the same run directory by itself: jobs it holds that are not final are attached
+again, so their callbacks and ``Job.wait()`` resume (or they end FAILED if the new daemon lost them).
 """
 
 from __future__ import annotations
@@ -10,12 +16,12 @@ from __future__ import annotations
 from typing import Any
 
 from client._backend import Backend
-from client._connection import Connection
+from client._connection import DEFAULT_REQUEST_TIMEOUT, StatusSink
 from client._translate import spec_to_wire
 from client.exceptions import InvalidStateException
 from client.job import Job, JobStatusCallback
 from client.job_status import JobStatus
-from pilot import __version__, wire
+from pilot import __version__
 from pilot.model.job_state import JobState
 
 
@@ -27,15 +33,22 @@ class JobExecutorConfig:
 
 
 class JobExecutor:
-    def __init__(self, url: str | None = None, config: JobExecutorConfig | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        config: JobExecutorConfig | None = None,
+        *,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    ) -> None:
         self.url = url
         self.config = config or JobExecutorConfig()
-        self._backend = Backend(url)
+        self._backend = Backend(url, request_timeout=request_timeout)
         self._callback: JobStatusCallback | None = None
 
     @property
-    def _conn(self) -> Connection:
-        return self._backend.connection
+    def request_timeout(self) -> float:
+        """Seconds a request waits for the pilot's answer before a transient SubmitException."""
+        return self._backend.request_timeout
 
     @staticmethod
     def get_instance(
@@ -43,10 +56,12 @@ class JobExecutor:
         version_constraint: str | None = None,
         url: str | None = None,
         config: JobExecutorConfig | None = None,
+        *,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     ) -> JobExecutor:
         if name.lower() != "pilot":
             raise ValueError(f'No such executor "{name}". Available executors: [pilot]')
-        return JobExecutor(url=url, config=config)
+        return JobExecutor(url=url, config=config, request_timeout=request_timeout)
 
     @property
     def name(self) -> str:
@@ -63,13 +78,13 @@ class JobExecutor:
             raise InvalidStateException(f"job {job.id} was already submitted (state {job.status.state})")
         description = spec_to_wire(job.spec)
 
-        def on_reply(native_id: str) -> None:
+        def on_id(native_id: str) -> StatusSink:
             job._native_id = native_id
-            self._conn.subscribe(native_id, lambda s: _apply(job, s))
+            return lambda s: _apply(job, s)
 
         job.executor = self
         try:
-            t = self._backend.submit(description, on_reply)
+            t = self._backend.submit(description, on_id)
         except BaseException:
             job.executor = None
             raise
@@ -112,7 +127,7 @@ class JobExecutor:
 
     def pilot_status(self) -> dict[str, Any]:
         """The pilot's own status: allocation, nodes, job counts (what ``pilot status`` shows)."""
-        return self._conn.request(wire.Kind.STATUS, {})
+        return self._backend.status()
 
     def close(self) -> None:
         """Done with this executor; the last user of an embedded pilot stops it."""

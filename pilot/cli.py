@@ -40,6 +40,14 @@ def main(argv: list[str] | None = None) -> None:
 
     down = sub.add_parser("down", help="stop the daemon: running jobs end CANCELED, agents exit")
     where(down)
+    down.add_argument(
+        "--drain",
+        action="store_true",
+        help="refuse new jobs, let every accepted one (queued and running) finish, then stop",
+    )
+    down.add_argument(
+        "--timeout", type=float, help="with --drain: give up waiting after this many seconds (the drain goes on)"
+    )
 
     run = sub.add_parser("run", help="the main job: N short tasks through the PSI/J client")
     run.add_argument("-n", "--tasks", type=int, default=1000)
@@ -154,7 +162,7 @@ def _serve(cfg: config_mod.Config, rundir: RunDir, *, embedded: bool, parent_pid
 # -- status / down ----------------------------------------------------------------------------------
 
 
-def _request(rundir: RunDir, kind: str, *, timeout: float = 10.0) -> dict[str, Any]:
+def _request(rundir: RunDir, kind: str, body: dict[str, Any] | None = None, *, timeout: float = 10.0) -> dict[str, Any]:
     from client._connection import Connection
     from client.exceptions import SubmitException
 
@@ -164,7 +172,7 @@ def _request(rundir: RunDir, kind: str, *, timeout: float = 10.0) -> dict[str, A
         sys.exit(1)
     conn = Connection(str(info["client_url"]))
     try:
-        return conn.request(kind, {}, timeout=timeout)
+        return conn.request(kind, body or {}, timeout=timeout)
     except SubmitException as exc:
         print(f"pilot: {exc}", file=sys.stderr)
         sys.exit(1)
@@ -181,7 +189,8 @@ def _status(args: argparse.Namespace) -> None:
         print(json.dumps(st, indent=2))
         return
     p, a = st["pilot"], st.get("allocation") or {}
-    print(f"pilot {p['name']}  pid {p['pid']}  up {_dur(p['uptime'])}  run dir {p['rundir']}")
+    flags = "".join(f"  [{w}]" for w in ("resumed", "draining") if p.get(w))
+    print(f"pilot {p['name']}  pid {p['pid']}  up {_dur(p['uptime'])}  run dir {p['rundir']}{flags}")
     line = f"allocation {a.get('lrm')} {a.get('native_id')}: {a.get('state')}, {a.get('nodes')} node(s)"
     if a.get("remaining") is not None:
         line += f", {_dur(a['remaining'])} of walltime left"
@@ -202,15 +211,22 @@ def _down(args: argparse.Namespace) -> None:
     from pilot import wire
 
     rundir = _rundir(args)
-    reply = _request(rundir, wire.Kind.SHUTDOWN)
+    reply = _request(rundir, wire.Kind.SHUTDOWN, {"drain": bool(args.drain)})
     pid = int(reply.get("pid", 0))
-    deadline = time.monotonic() + 30
+    if args.drain:
+        left = reply.get("unfinished", 0)
+        print(f"pilot down --drain: {left} accepted job(s) to finish; new submissions are refused", flush=True)
+        wait = args.timeout
+    else:
+        wait = 30.0
+    deadline = None if wait is None else time.monotonic() + wait
     from pilot.rundir import pid_alive
 
-    while pid and pid_alive(pid) and time.monotonic() < deadline:
+    while pid and pid_alive(pid) and (deadline is None or time.monotonic() < deadline):
         time.sleep(0.05)
     if pid and pid_alive(pid):
-        print(f"pilot: daemon {pid} did not stop within 30 s", file=sys.stderr)
+        what = "is still draining" if args.drain else "did not stop"
+        print(f"pilot: daemon {pid} {what} after {wait:g} s ('pilot status' shows what is left)", file=sys.stderr)
         sys.exit(1)
     print(f"pilot down: {rundir.path} stopped")
 

@@ -6,6 +6,7 @@ seconds, not a lost allocation.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ class ConfigError(ValueError):
 class PilotSettings:
     name: str = "default"
     heartbeat_interval: float = 1.0
-    agent_timeout: float = 10.0
+    agent_timeout: float = 5.0
     kill_grace: float = 2.0
     log_level: str = "info"
     #: Short one-process tasks that may wait at an agent behind each busy core (0 or 1).
@@ -37,6 +38,9 @@ class PilotSettings:
     walltime_margin: float = 30.0
     #: Seconds an allocation may run before every agent must have registered; later ones are reported.
     agent_start_timeout: float = 120.0
+    #: Unfinished (queued and running) jobs the pilot holds; beyond it, submits wait, then are refused
+    #: (transient) -- the bound on the daemon's memory under a flood of submissions.
+    max_queued: int = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +59,10 @@ class Config:
 
 
 _LOG_LEVELS: Final = ("debug", "info", "warning", "error")
-_SIZE_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)?\s*$", re.IGNORECASE)
-_TIME_RE: Final = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_SIZE_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)?\s*$", re.IGNORECASE | re.ASCII)
+_TIME_RE: Final = re.compile(r"^(?:(\d{1,9})-)?(\d{1,12})(?::(\d{1,12}))?(?::(\d{1,12}))?$", re.ASCII)
+_UNIT_RE: Final = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)([smhd])$", re.ASCII)
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def load(path: Path | None) -> Config:
@@ -67,9 +73,13 @@ def load(path: Path | None) -> Config:
             return parse({}, source="<built-in defaults>")
         path = DEFAULT_CONFIG
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (TOML is): byte {exc.start} is not valid") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     return parse(raw, source=str(path))
@@ -91,14 +101,17 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
         bind=_get(p, "bind", str, "pilot.", source, d.bind),
         walltime_margin=_pos(p, "walltime_margin", "pilot.", source, d.walltime_margin),
         agent_start_timeout=_pos(p, "agent_start_timeout", "pilot.", source, d.agent_start_timeout),
+        max_queued=_get(p, "max_queued", int, "pilot.", source, d.max_queued),
     )
     if pilot.agent_transport not in (None, "ipc", "tcp"):
         raise ConfigError(f"{source}: pilot.agent_transport = {pilot.agent_transport!r}; allowed: 'ipc' or 'tcp'")
+    if pilot.max_queued < 1:
+        raise ConfigError(f"{source}: pilot.max_queued = {pilot.max_queued} must be at least 1")
     if pilot.backlog not in (0, 1):
         raise ConfigError(f"{source}: pilot.backlog = {pilot.backlog}; allowed: 0 (off) or 1")
     if pilot.log_level not in _LOG_LEVELS:
         raise ConfigError(f"{source}: pilot.log_level = {pilot.log_level!r}; allowed: {', '.join(_LOG_LEVELS)}")
-    if not re.match(r"^[A-Za-z0-9_.-]+$", pilot.name):
+    if not _NAME_RE.fullmatch(pilot.name):
         raise ConfigError(f"{source}: pilot.name = {pilot.name!r}; use letters, digits, '.', '_' or '-'")
     if pilot.agent_timeout <= pilot.heartbeat_interval:
         raise ConfigError(
@@ -111,13 +124,16 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
     if nodes < 1:
         raise ConfigError(f"{source}: allocation.nodes = {nodes}; it must be at least 1")
     walltime = a.get("walltime")
+    seconds = None if walltime is None else parse_duration(walltime, key="allocation.walltime", source=source)
+    if seconds is not None and seconds <= 0:
+        raise ConfigError(f"{source}: allocation.walltime = {walltime!r}; it must be longer than 0 seconds")
     options = {k: v for k, v in a.items() if k not in ("lrm", "nodes", "walltime")}
     return Config(
         pilot=pilot,
         allocation=AllocationSettings(
             lrm=lrm,
             nodes=nodes,
-            walltime=None if walltime is None else parse_duration(walltime, key="allocation.walltime", source=source),
+            walltime=seconds,
             options=options,
         ),
         source=source,
@@ -131,19 +147,22 @@ def parse_size(value: Any, *, key: str, source: str) -> int:
     if isinstance(value, str):
         m = _SIZE_RE.match(value)
         if m:
-            return int(float(m.group(1)) * 1024 ** " KMGTP".index(m.group(2).upper() or " "))
+            number = float(m.group(1)) * 1024 ** " KMGTP".index(m.group(2).upper() or " ")
+            if math.isfinite(number):
+                return int(number)
     raise ConfigError(f"{source}: {key} = {value!r}; give bytes as an integer or a size such as '512M' or '8G'")
 
 
 def parse_duration(value: Any, *, key: str, source: str) -> float:
-    """Seconds from a number, or ``[D-]HH:MM:SS`` / ``MM:SS`` / ``30m`` / ``2h`` strings."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+    """Seconds from a number, or ``[D-]HH:MM:SS`` / ``MM:SS`` / ``30m`` / ``2h`` strings; always finite."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 and math.isfinite(value):
         return float(value)
     if isinstance(value, str):
         s = value.strip()
         units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-        if s[-1:] in units and s[:-1].replace(".", "", 1).isdigit():
-            return float(s[:-1]) * units[s[-1]]
+        u = _UNIT_RE.match(s)
+        if u and math.isfinite(seconds := float(u.group(1)) * units[u.group(2)]):
+            return seconds
         m = _TIME_RE.match(s)
         if m and ":" in s:
             days = int(m.group(1) or 0)
@@ -183,6 +202,6 @@ def _get(table: dict[str, Any], key: str, typ: type[Any], prefix: str, source: s
 
 def _pos(table: dict[str, Any], key: str, prefix: str, source: str, default: float) -> float:
     value = float(_get(table, key, float, prefix, source, default))
-    if value <= 0:
-        raise ConfigError(f"{source}: {prefix}{key} = {value}; it must be positive")
+    if not value > 0 or not math.isfinite(value):
+        raise ConfigError(f"{source}: {prefix}{key} = {value}; it must be a positive number of seconds")
     return value

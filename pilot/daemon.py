@@ -11,7 +11,7 @@ import fcntl
 import os
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,11 +40,21 @@ from pilot.security import (
     secure_server,
     tcp_endpoint,
 )
+from pilot.store import Batch, JournalError, Recovered, Store
 from pilot.transport import Waiter, drain
 
 log = structlog.get_logger("pilot.daemon")
 
 _DRAIN = 2048  # frames handled per burst before a flush
+_PARK_SECONDS = 5.0  # a held submit is refused after this long: well within a client's request timeout
+_PARK_BYTES = 256 << 20  # held submit frames, in total
+_HOLD_SECONDS = 300.0  # statuses held for a client that does not read are dropped after this long
+_SUBMIT_HEAD = wire.encode(wire.Kind.SUBMIT, {})[:-1]  # msgpack of [version, "submit", ...] up to the body
+
+
+def _is_submit(payload: bytes) -> bool:
+    """Whether a client frame is a SUBMIT, without decoding it."""
+    return payload.startswith(_SUBMIT_HEAD)
 
 
 class DaemonError(RuntimeError):
@@ -60,6 +70,10 @@ class AgentRecord:
     registered: float = field(default_factory=time.time)
     load: list[float] = field(default_factory=list)
     processes: set[tuple[str, int]] = field(default_factory=set)
+    #: Highest TASK_EVENTS sequence number handled: acknowledged (after the journal commit) on heartbeats.
+    acked: int = 0
+    #: False for an agent recovered from the journal until it registers again with this daemon.
+    confirmed: bool = True
 
 
 class Daemon:
@@ -80,10 +94,11 @@ class Daemon:
         self._seq = 0
         self._waiting: set[str] = set()  # jobs dispatched behind busy cores, not started yet
         self._replies: list[tuple[bytes, dict[str, Any]]] = []
-        self._orders: dict[str, list[ProcessOrder]] = defaultdict(list)
+        self._orders: dict[str, list[dict[str, Any]]] = defaultdict(list)  # wire forms, per node
         self._kills: dict[str, dict[str, list[list[Any]]]] = defaultdict(lambda: defaultdict(list))
         self._events: dict[bytes, dict[str, list[Any]]] = defaultdict(dict)
         self._stopping = False
+        self._draining = False  # 'pilot down --drain': no new jobs, stop once the accepted ones ended
         self._stop = anyio.Event()
         self._progress = anyio.Event()
         self._agent_frames: list[list[bytes]] = []  # direct replies to agents (registered, heartbeat)
@@ -93,6 +108,7 @@ class Daemon:
         for sock in (self._clients, self._agents_sock):
             sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
             sock.setsockopt(zmq.LINGER, 1000)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a peer at its high-water mark says so (see _send)
         self._waiter = Waiter()
         self._waiter.add(self._clients)
         self._waiter.add(self._agents_sock)
@@ -103,6 +119,21 @@ class Daemon:
         self._closing = False  # the allocation's end is near: running tasks were told to stop
         self._missing_agents = ""  # reported when agents did not register in time
         self._agent_env: dict[str, str] = {}
+        self.store: Store | None = None
+        self._tx = Batch()  # the changes of the current burst, committed at the start of each flush
+        self._dirty: set[JobRecord] = set()  # jobs whose row changed since the last commit
+        self._placed: set[JobRecord] = set()  # ... and whose placement changed
+        self._new_results: list[tuple[JobRecord, int, ProcessResult]] = []
+        #: Jobs that ended in this burst: dropped from memory after the flush that sends their final
+        #: status (the journal keeps them for attach and list), so memory follows the unfinished work only.
+        self._retired: list[JobRecord] = []
+        #: Submit requests held while the pilot has ``max_queued`` unfinished jobs: (time, ident, payload).
+        self._parked: deque[tuple[float, bytes, bytes]] = deque()
+        self._parked_bytes = 0
+        #: Statuses a slow client could not take yet: ident -> (held since, job id -> newest status).
+        self._held_events: dict[bytes, tuple[float, dict[str, Any]]] = {}
+        self._alloc_seen: tuple[Any, ...] | None = None
+        self.resumed = False
         sd = rundir.socket_dir()
         self.client_url = f"ipc://{sd / 'client.sock'}"
         self.agent_url = f"ipc://{sd / 'agent.sock'}"
@@ -111,28 +142,45 @@ class Daemon:
 
     def _take_lock(self) -> None:
         self.rundir.create()
-        fd = os.open(self.rundir.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            info = self.rundir.read_info() or {}
-            raise DaemonError(
-                f"a pilot is already running in {self.rundir.path} (pid {info.get('pid', '?')}); "
-                "use it, stop it with 'pilot down', or pick another --name"
-            ) from None
+        while True:
+            fd = os.open(self.rundir.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                info = self.rundir.read_info() or {}
+                raise DaemonError(
+                    f"a pilot is already running in {self.rundir.path} (pid {info.get('pid', '?')}); "
+                    "use it, stop it with 'pilot down', or pick another --name"
+                ) from None
+            try:
+                same = os.stat(self.rundir.lock_file).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # a daemon that stopped removed the file we locked: lock the current one
         self._lock_fd = fd
 
     async def serve(self, *, on_ready: Callable[[], None] | None = None) -> None:
         self._take_lock()
+        clean = False
         try:
+            recovered = self._open_journal()
             self._clients.bind(self.client_url)
-            await self._bind_agents()
-            await self._acquire()
-            assert self.allocation is not None
-            if self.allocation.state.final:
-                # Refused by the batch system at submission (bad partition, account, limits): say so now.
-                raise DaemonError(f"the batch system refused the pilot: {self.allocation.message}")
+            if recovered.allocation is not None:
+                await self._resume(recovered)
+            else:
+                await self._bind_agents()
+                await self._acquire()
+                assert self.allocation is not None
+                self._tx.allocation(self.allocation)
+                self._tx.meta("agent_url", self.agent_url)
+                self._commit()
+                if self.allocation.state.final:
+                    # Refused by the batch system at submission (bad partition, account, limits): say so now.
+                    clean = True
+                    raise DaemonError(f"the batch system refused the pilot: {self.allocation.message}")
             self.rundir.write_info(self._info())
             log.info("pilot ready", rundir=str(self.rundir.path), client_url=self.client_url, pid=os.getpid())
             async with anyio.create_task_group() as tg:
@@ -145,7 +193,13 @@ class Daemon:
                 await self._stop.wait()
                 await self._shutdown()
                 tg.cancel_scope.cancel()
+            clean = True
         finally:
+            if self.store is not None:
+                try:
+                    self.store.discard() if clean else self.store.close()
+                except JournalError as exc:
+                    log.error("journal", error=str(exc))
             self._clients.close(linger=500)
             self._agents_sock.close(linger=0)
             if self._zap is not None:
@@ -154,8 +208,125 @@ class Daemon:
             self._waiter.close()
             self.rundir.remove_info()
             if self._lock_fd is not None:
+                if clean:  # removed while still held: nothing of this pilot is left in the run directory
+                    self.rundir.lock_file.unlink(missing_ok=True)
                 os.close(self._lock_fd)
             log.info("pilot stopped")
+
+    def _open_journal(self) -> Recovered:
+        try:
+            self.store = Store.in_run_dir(self.rundir.path)
+            return self.store.load()
+        except JournalError as exc:
+            raise DaemonError(str(exc)) from None
+
+    def _commit(self) -> None:
+        """Write the burst's changes in one transaction, before any reply or order leaves: what a client
+        or agent has been told is in the journal. A journal that cannot be written stops the daemon
+        (nothing unjournaled is acknowledged; a restart resumes from the last commit)."""
+        tx = self._tx
+        placed = self._placed
+        for job in self._dirty:
+            tx.job_update(
+                job.id,
+                state=job.state,
+                state_time=job.state_time,
+                exit_code=job.exit_code,
+                message=job.message,
+                metadata=job.metadata if job.final else None,
+                phase=job.phase,
+                started=job.started,
+                ended=job.ended,
+                cancel_reason=job.cancel_reason,
+                closing=job.closing,
+                attempt=job.attempt,
+                ranks=job.ranks if job in placed else None,
+            )
+        for job, slot, result in self._new_results:
+            if not job.final:  # a final job's Delivered is in its row: its process results are not needed
+                tx.process_result(job.id, slot, result)
+        self._dirty.clear()
+        placed.clear()
+        self._new_results.clear()
+        if self.allocation is not None:
+            a = self.allocation
+            seen = (a.state, a.started, a.message, a.nodes, len(a.hosts), len(a.expected_nodes))
+            if seen != self._alloc_seen:
+                self._alloc_seen = seen
+                tx.allocation(a)
+        self._tx = Batch()
+        if self.store is not None:
+            self.store.commit(tx)
+
+    async def _resume(self, recovered: Recovered) -> None:
+        """Rebuild from the journal of a daemon that died: jobs, queue, nodes and their held slots; the
+        agents keep running and register again (their unacknowledged events with them); the allocation
+        is re-attached, not requested again."""
+        allocation = recovered.allocation
+        assert allocation is not None
+        if allocation.lrm != self.lrm.kind:
+            raise DaemonError(
+                f"the journal in {self.rundir.path} holds a {allocation.lrm!r} allocation but this configuration "
+                f"says lrm = {self.lrm.kind!r}; start the pilot with the configuration it was started with"
+            )
+        self.resumed = True
+        url = recovered.meta.get("agent_url")
+        await self._bind_agents(endpoint=url if isinstance(url, str) else None)
+        self.allocation = allocation
+        try:
+            await self.lrm.reattach(allocation)
+        except Exception as exc:  # a batch system error must not lose the jobs: report and go on
+            log.error("cannot re-attach the allocation", native_id=allocation.native_id, error=str(exc))
+        now = time.monotonic()
+        for node in recovered.nodes:
+            self._register(node)
+            agent = self.agents[node.name]
+            agent.confirmed = False
+            agent.last_seen = now
+            self.nodes[node.name].usable = False  # until its agent is back
+        self._seq = recovered.next_seq - 1
+        for job in recovered.jobs:
+            self.counts[job.state] += 1
+            if job.final:
+                continue  # the journal answers for it
+            self.jobs[job.id] = job
+            if job.phase == "queued":
+                self.queue.push(job)
+                continue
+            for i, rank in enumerate(job.ranks):
+                slots = self.nodes.get(rank.node)
+                if slots is not None and i < len(job.held) and job.held[i]:
+                    slots.take_exact(rank)
+                    if job.description.resources.exclusive_node_use:
+                        slots.exclusive_job = job.id
+            for slot, plan in job.processes.items():
+                owner = self.agents.get(plan.node)
+                if owner is not None:
+                    owner.processes.add((plan.order.job_id, slot))
+                else:
+                    self._process_done(
+                        job,
+                        slot,
+                        ProcessResult(
+                            plan.node,
+                            plan.order.role,
+                            message=(f"node {plan.node} is not known to the restarted daemon"),
+                        ),
+                    )
+            if not job.processes and job.phase != "done":
+                self._finish(job)
+            if job.processes and job.phase == "ranks" and any(p.order.after_cores for p in job.processes.values()):
+                self._waiting.add(job.id)
+        self._alloc_seen = None
+        self._commit()
+        log.info(
+            "pilot resumed from its journal",
+            jobs=len(self.jobs),
+            queued=len(self.queue),
+            running=sum(1 for j in self.jobs.values() if not j.final and j.phase != "queued"),
+            nodes=len(self.agents),
+            allocation=allocation.native_id,
+        )
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -164,7 +335,7 @@ class Daemon:
         """State changed outside the I/O task: have it schedule and flush."""
         self._waiter.poke()
 
-    async def _bind_agents(self) -> None:
+    async def _bind_agents(self, *, endpoint: str | None = None) -> None:
         """ipc in the private run directory for a local allocation; otherwise TCP with CURVE, where
         only agents holding this pilot's agent key get past the handshake (ZAP) and agents check the
         daemon's key; the agents find their credentials through a 0600 file, never on a command line."""
@@ -172,16 +343,28 @@ class Daemon:
         if transport == "ipc":
             self._agents_sock.bind(self.agent_url)
             return
+        if endpoint is not None and not endpoint.startswith("tcp://"):
+            endpoint = None
         keys = self.rundir.keys()
         self._zap = ZapAuthenticator(self._ctx, keys.policy())
         self._zap.start()
         secure_server(self._agents_sock, keys.daemon, domain=AGENT_DOMAIN)
         local = self.lrm.kind == "local"
-        host = await anyio.to_thread.run_sync(lambda: bind_host(self.config.pilot.bind, local=local))
-        self._agents_sock.bind(tcp_endpoint(host))
-        endpoint = self._agents_sock.getsockopt(zmq.LAST_ENDPOINT)
-        assert isinstance(endpoint, bytes)
-        self.agent_url = endpoint.decode()
+        if endpoint is not None:
+            # A restarted daemon: the agents reconnect to the endpoint they were given.
+            try:
+                self._agents_sock.bind(endpoint)
+            except zmq.ZMQError as exc:
+                raise DaemonError(
+                    f"cannot listen for the running agents on {endpoint} again ({exc}); another process holds "
+                    "the port. Stop it, then start the pilot again: the agents wait for their daemon"
+                ) from None
+        else:
+            host = await anyio.to_thread.run_sync(lambda: bind_host(self.config.pilot.bind, local=local))
+            self._agents_sock.bind(tcp_endpoint(host))
+        bound = self._agents_sock.getsockopt(zmq.LAST_ENDPOINT)
+        assert isinstance(bound, bytes)
+        self.agent_url = bound.decode()
         # A file only the user can read, named in the environment: /proc/<pid>/environ keeps what a process
         # was started with, so the keys themselves must not travel there.
         self._agent_env = credentials_file_env(keys.write_credentials_file("agent"))
@@ -263,6 +446,10 @@ class Daemon:
             log.warning("dropped client message", reason=f"{len(frames) - 1} payload frames, expected 1")
             return
         ident, payload = frames
+        if self._parked or (self._unfinished() >= self.config.pilot.max_queued and _is_submit(payload)):
+            if _is_submit(payload):
+                self._park(ident, payload)
+                return
         try:
             msg = wire.decode(payload, allowed=wire.CLIENT_KINDS)
             rid = wire.field(msg.body, "rid", int)
@@ -286,17 +473,69 @@ class Daemon:
         if msg.kind == wire.Kind.ATTACH:
             return {"results": [self._attach(ident, i) for i in wire.str_list(body, "ids")]}
         if msg.kind == wire.Kind.LIST:
-            return {"ids": list(self.jobs)}
+            known = self.store.job_ids() if self.store is not None else []
+            return {"ids": sorted(set(known).union(self.jobs), key=_id_order)}
         if msg.kind == wire.Kind.STATUS:
             return self.status()
         if msg.kind == wire.Kind.SHUTDOWN:
-            self.request_stop()
-            return {"ok": True, "pid": os.getpid()}
+            if wire.opt_field(body, "drain", bool, False) and not self._stopping:
+                self._draining = True
+                log.info("draining: no new jobs; stopping once every accepted job has ended", left=self._unfinished())
+            else:
+                self.request_stop()
+            return {"ok": True, "pid": os.getpid(), "unfinished": self._unfinished()}
         return {"version": pilot.__version__, "pilot": self.config.pilot.name, "pid": os.getpid()}  # hello
 
+    def _park(self, ident: bytes, payload: bytes) -> None:
+        """Backpressure: hold a submit while the pilot has ``max_queued`` unfinished jobs. The client's
+        submit() waits for the reply, so it slows down to the pace jobs end; held bytes are bounded."""
+        if self._parked_bytes + len(payload) > _PARK_BYTES:
+            self._refuse_parked(ident, payload)
+            return
+        self._parked.append((time.monotonic(), ident, payload))
+        self._parked_bytes += len(payload)
+
+    def _unpark(self) -> None:
+        """Handle held submits as room frees up; one held longer than ``_PARK_SECONDS`` is answered with
+        a transient refusal before the client's own timeout, so it is never accepted after the client
+        has given up on it (which would make a duplicate when the client submits it again)."""
+        limit = self.config.pilot.max_queued
+        now = time.monotonic()
+        while self._parked:
+            t, ident, payload = self._parked[0]
+            if self._unfinished() < limit:
+                self._parked.popleft()
+                self._parked_bytes -= len(payload)
+                parked, self._parked = self._parked, deque()  # handle it, not park it again
+                self._on_client([ident, payload])
+                self._parked = parked
+            elif now - t > _PARK_SECONDS:
+                self._parked.popleft()
+                self._parked_bytes -= len(payload)
+                self._refuse_parked(ident, payload)
+            else:
+                break
+
+    def _refuse_parked(self, ident: bytes, payload: bytes) -> None:
+        try:
+            body = wire.decode(payload, allowed=wire.CLIENT_KINDS).body
+            rid = wire.field(body, "rid", int)
+            count = len(wire.field(body, "jobs", list))
+        except wire.ProtocolError:
+            return  # garbage that only looked like a submit: dropped, as _on_client would
+        error = (
+            f"the pilot holds {self.config.pilot.max_queued} unfinished jobs (pilot.max_queued); "
+            "submit again when some have ended"
+        )
+        self._replies.append((ident, {"rid": rid, "results": [{"error": error, "transient": True}] * count}))
+
+    def _unfinished(self) -> int:
+        return sum(n for state, n in self.counts.items() if not state.final)
+
     def _submit(self, ident: bytes, raw: Any) -> dict[str, Any]:
-        if self._stopping:
-            return {"error": "the pilot is stopping; submit to a new one", "transient": True}
+        if self._stopping or self._draining:
+            what = "draining ('pilot down --drain')" if self._draining else "stopping"
+            return {"error": f"the pilot is {what}; submit to a new one", "transient": True}
         if self._allocation_over:
             return {
                 "error": "this pilot's allocation has ended ('pilot status' says why); start a new pilot",
@@ -324,6 +563,7 @@ class Daemon:
         job = JobRecord(id=str(self._seq), description=description)
         job.subscribers.add(ident)
         self.jobs[job.id] = job
+        self._tx.job_accepted(job.id, self._seq, raw, job.submitted)  # raw: from_wire accepted it
         self.counts[JobState.QUEUED] += 1
         self.queue.push(job)
         return {"id": job.id, "time": job.state_time}
@@ -368,6 +608,7 @@ class Daemon:
         for job in self.jobs.values():
             if not job.final and job.processes:
                 job.closing = True
+                self._dirty.add(job)
                 self._kill_outstanding(job, reason="walltime")
 
     def _allocation_ended(self, allocation: Allocation) -> None:
@@ -407,6 +648,8 @@ class Daemon:
     def _cancel_request(self, job_id: str) -> dict[str, Any]:
         job = self.jobs.get(job_id)
         if job is None:
+            if self.store is not None and self.store.job_status(job_id) is not None:
+                return {"id": job_id}  # it has ended already: nothing to cancel
             return {"error": f"no job {job_id!r} in this pilot"}
         self._cancel(job, reason="canceled")
         return {"id": job_id}
@@ -414,7 +657,11 @@ class Daemon:
     def _attach(self, ident: bytes, job_id: str) -> dict[str, Any]:
         job = self.jobs.get(job_id)
         if job is None:
-            return {"error": f"no job {job_id!r} in this pilot"}
+            found = self.store.job_status(job_id) if self.store is not None else None
+            if found is None:
+                return {"error": f"no job {job_id!r} in this pilot"}
+            status, name = found  # ended: its final status is all there is to follow
+            return {"id": job_id, "status": status, "name": name}
         job.subscribers.add(ident)
         return {"id": job_id, "status": job.status(), "name": job.description.name}
 
@@ -445,29 +692,50 @@ class Daemon:
             if expected and name not in {n.name for n in expected}:
                 raise wire.ProtocolError(f"agent {name!r} is not a node of this allocation")
             running = wire.field(msg.body, "running", list)
-            if agent is not None and agent.state == "active":
-                agent.last_seen = time.monotonic()
+            events = wire.opt_field(msg.body, "events", list, [])
+            seq = wire.opt_field(msg.body, "seq", int, 0)
+            if not all(isinstance(k, list) and len(k) == 2 for k in running):
+                raise wire.ProtocolError("running keys must be [job_id, slot] pairs")
+            if agent is not None and agent.state == "active" and agent.confirmed:
+                agent.last_seen = time.monotonic()  # a repeated REGISTER: its events are replays
+                for ev in events:
+                    self._on_process_event(agent, ev)
+            elif agent is not None and agent.state == "active":
+                self._readopt(agent, node, running, events)
             else:
                 self._register(node)
+                agent = self.agents[name]
+                for ev in events:
+                    self._on_process_event(agent, ev)  # all for processes this daemon gave up: dropped
                 if running:
-                    # Processes this daemon does not know: the agent must not keep them.
+                    # Processes this daemon does not know (or declared lost): the agent must not keep them.
                     self._kills[name]["unknown to the daemon"].extend(running)
-            self._to_agent(name, wire.Kind.REGISTERED, {"heartbeat_interval": self.config.pilot.heartbeat_interval})
+            agent.acked = max(agent.acked, seq)
+            self._to_agent(
+                name,
+                wire.Kind.REGISTERED,
+                {"heartbeat_interval": self.config.pilot.heartbeat_interval, "acked": agent.acked},
+            )
             if self._stopping:
                 # Registered after the pilot began stopping: it missed the STOP the others got.
                 self._to_agent(name, wire.Kind.STOP, {"reason": "pilot stopped"})
         elif agent is None or agent.state != "active":
+            self._to_agent(name, wire.Kind.HEARTBEAT, {"known": False})
+        elif not agent.confirmed:
+            # Recovered from the journal, not re-registered yet: its events come with its REGISTER.
             self._to_agent(name, wire.Kind.HEARTBEAT, {"known": False})
         elif msg.kind == wire.Kind.HEARTBEAT:
             agent.last_seen = time.monotonic()
             load = msg.body.get("load")
             if isinstance(load, list) and all(isinstance(x, int | float) for x in load):
                 agent.load = load[:3]
-            self._to_agent(name, wire.Kind.HEARTBEAT, {"known": True})
+            self._to_agent(name, wire.Kind.HEARTBEAT, {"known": True, "acked": agent.acked})
         elif msg.kind == wire.Kind.TASK_EVENTS:
             agent.last_seen = time.monotonic()
+            seq = wire.opt_field(msg.body, "seq", int, 0)
             for ev in wire.field(msg.body, "events", list):
                 self._on_process_event(agent, ev)
+            agent.acked = max(agent.acked, seq)
         elif msg.kind == wire.Kind.BYE:
             self._agent_gone(agent, f"agent on {name} exited", state="stopped")
 
@@ -475,7 +743,47 @@ class Daemon:
         self._fit_cache.clear()
         self.agents[node.name] = AgentRecord(name=node.name, node=node)
         self.nodes[node.name] = NodeSlots.from_configured(node)
+        self._tx.node_registered(node)
         log.info("agent registered", node=node.name, cores=len(node.processors), gpus=len(node.gpus))
+
+    def _readopt(self, agent: AgentRecord, node: NodeConfigured, running: list[Any], events: list[Any]) -> None:
+        """An agent of the allocation this daemon resumed is back. Its running processes that the journal
+        holds are adopted; its buffered events (everything not acknowledged before the crash) are
+        replayed; processes it runs that the journal does not hold are killed; orders the journal says
+        were sent but the agent never got are sent again; kills it may have missed are sent again."""
+        if node.to_wire() != agent.node.to_wire():
+            log.warning("agent came back with another node description", node=agent.name)
+        agent.confirmed = True
+        agent.last_seen = time.monotonic()
+        self.nodes[agent.name].usable = True
+        self._fit_cache.clear()
+        keys = {(k[0], k[1]) for k in running if isinstance(k[0], str) and isinstance(k[1], int)}
+        for ev in events:
+            self._on_process_event(agent, ev)
+        unknown = [list(k) for k in keys if k not in agent.processes]
+        if unknown:
+            self._kills[agent.name]["unknown to the daemon"].extend(unknown)
+        resent = 0
+        for job_id, slot in sorted(agent.processes):
+            job = self.jobs.get(job_id.partition("~")[0])
+            plan = job.processes.get(slot) if job is not None else None
+            if job is None or plan is None:
+                continue
+            if (job_id, slot) not in keys:
+                self._orders[agent.name].append(plan.order.to_wire())  # never reached the agent
+                resent += 1
+            elif job.cancel_reason is not None:
+                self._kills[agent.name]["canceled"].append([job_id, slot])
+            elif job.closing:
+                self._kills[agent.name]["walltime"].append([job_id, slot])
+        log.info(
+            "agent re-adopted",
+            node=agent.name,
+            running=len(keys) - len(unknown),
+            replayed_events=len(events),
+            killed_unknown=len(unknown),
+            resent_orders=resent,
+        )
 
     def _agent_gone(self, agent: AgentRecord, message: str, *, state: str = "lost") -> None:
         if agent.state != "active":
@@ -488,11 +796,13 @@ class Daemon:
         log.warning("agent gone", node=agent.name, reason=message) if state == "lost" else log.info(
             "agent stopped", node=agent.name
         )
-        for job_id, slot in list(agent.processes):
-            job = self.jobs.get(job_id)
+        for job_id, slot in sorted(agent.processes):
+            job = self.jobs.get(job_id.partition("~")[0])
             plan = job.processes.get(slot) if job else None
-            if job is not None and plan is not None:
-                self._process_done(job, slot, ProcessResult(agent.name, plan.order.role, message=message))
+            if job is not None and plan is not None and plan.order.job_id == job_id:
+                self._process_done(
+                    job, slot, ProcessResult(agent.name, plan.order.role, message=message, reason="lost")
+                )
 
     def _on_process_event(self, agent: AgentRecord, ev: Any) -> None:
         if not (isinstance(ev, list) and len(ev) == 5):
@@ -506,17 +816,18 @@ class Daemon:
             and isinstance(data, dict)
         ):
             raise wire.ProtocolError("a task event has wrong field types")
-        job = self.jobs.get(job_id)
+        job = self.jobs.get(job_id.partition("~")[0])
         plan = job.processes.get(slot) if job is not None else None
-        if job is None or plan is None or plan.node != agent.name:
-            log.warning(
-                "event for a process this node does not hold", node=agent.name, job=job_id, slot=slot, kind=kind
-            )
+        if job is None or plan is None or plan.node != agent.name or plan.order.job_id != job_id:
+            # A replay of an event already handled (after a restart or a re-register), or a process
+            # this daemon gave up (node declared lost): nothing to do.
+            log.debug("event for a process this node does not hold", node=agent.name, job=job_id, slot=slot, kind=kind)
             return
         if kind == "started":
             self._waiting.discard(job.id)
             if job.started is None:
                 job.started = float(t)
+                self._dirty.add(job)
             if job.state is JobState.QUEUED:
                 self._set_state(job, JobState.ACTIVE, float(t))
         elif kind == "failed":
@@ -543,6 +854,7 @@ class Daemon:
                 unset = data.get("unset")
                 if isinstance(unset, list) and all(isinstance(k, str) for k in unset):
                     job.unset = unset
+                self._tx.pre_launch_environment(job.id, job.environment, job.unset)
             self._process_done(job, slot, result)
         else:
             raise wire.ProtocolError(f"unknown task event kind {kind!r}")
@@ -588,9 +900,9 @@ class Daemon:
         d = job.description
         job.ranks = ranks
         job.held = [True] * len(ranks)
-        plans = LAUNCHERS[d.launcher].plan(
-            job_id=job.id, description=d, ranks=ranks, hosts=self._hosts(job), environment=None
-        )
+        self._placed.add(job)
+        self._dirty.add(job)
+        plans = self._plan(job, environment=None)
         if d.pre_launch or (len(plans) > 1 and (d.stdout_path or d.stderr_path)):
             job.phase = "pre"
             order = self._hook_order(job, PRE, "pre", d.pre_launch, truncate=True)
@@ -606,18 +918,26 @@ class Daemon:
 
     def _start_ranks(self, job: JobRecord) -> None:
         job.phase = "ranks"
-        plans = LAUNCHERS[job.description.launcher].plan(
-            job_id=job.id,
-            description=job.description,
-            ranks=job.ranks,
-            hosts=self._hosts(job),
-            environment=job.environment,
-        )
+        self._dirty.add(job)
+        plans = self._plan(job, environment=job.environment)
         for p in plans:
             p.order.truncate_output = False
             p.order.pre_unset = list(job.unset)
             p.order.walltime = self._walltime_left(job)
             self._dispatch(job, p)
+
+    def _plan(self, job: JobRecord, *, environment: dict[str, str] | None) -> list[PlannedProcess]:
+        plans = LAUNCHERS[job.description.launcher].plan(
+            job_id=job.proc_id,
+            description=job.description,
+            ranks=job.ranks,
+            hosts=self._hosts(job),
+            environment=environment,
+        )
+        if job.attempt:
+            for p in plans:
+                p.order.rank_environment["PILOT_JOB_ID"] = job.id
+        return plans
 
     def _walltime_left(self, job: JobRecord) -> float | None:
         """JobAttributes.duration bounds the whole job (pre_launch, ranks, post_launch), not each process."""
@@ -630,7 +950,7 @@ class Daemon:
         d = job.description
         env = job.environment
         return ProcessOrder(
-            job_id=job.id,
+            job_id=job.proc_id,
             slot=slot,
             role=role,
             executable="/bin/sh",
@@ -659,8 +979,10 @@ class Daemon:
                 job, plan.order.slot, ProcessResult(plan.node, plan.order.role, message=f"node {plan.node} is gone")
             )
             return
-        agent.processes.add((job.id, plan.order.slot))
-        self._orders[plan.node].append(plan.order)
+        agent.processes.add((plan.order.job_id, plan.order.slot))
+        order = plan.order.to_wire()
+        self._orders[plan.node].append(order)
+        self._tx.process_dispatched(job.id, plan, order_wire=order)
 
     def _process_done(self, job: JobRecord, slot: int, result: ProcessResult) -> None:
         self._waiting.discard(job.id)
@@ -669,8 +991,10 @@ class Daemon:
             return
         agent = self.agents.get(plan.node)
         if agent is not None:
-            agent.processes.discard((job.id, slot))
+            agent.processes.discard((plan.order.job_id, slot))
         job.results[slot] = result
+        self._new_results.append((job, slot, result))
+        self._dirty.add(job)
         for i in plan.holds:
             self._release_rank(job, i)
         if not result.ok and job.cancel_reason is None and result.role != "post":
@@ -682,6 +1006,7 @@ class Daemon:
             self._start_ranks(job)
         elif job.phase == "ranks" and not failed and job.cancel_reason is None and job.description.post_launch:
             job.phase = "post"
+            self._dirty.add(job)
             self._dispatch(
                 job,
                 PlannedProcess(
@@ -690,8 +1015,42 @@ class Daemon:
                     [],
                 ),
             )
+        elif self._retries(job):
+            self._requeue(job)
         else:
             self._finish(job)
+
+    def _retries(self, job: JobRecord) -> bool:
+        """A restartable job that lost a node (and was not canceled) runs again, up to its retry limit."""
+        d = job.description
+        return (
+            d.restartable
+            and job.attempt < d.retries
+            and job.cancel_reason is None
+            and not job.closing
+            and not self._stopping
+            and not self._allocation_over
+            and any(r.reason == "lost" for r in job.results.values())
+        )
+
+    def _requeue(self, job: JobRecord) -> None:
+        """Back to the queue for another attempt, placed afresh (the lost node is not usable). Its
+        state stays ACTIVE: PSI/J has no way back to QUEUED, and for the user the job is still running."""
+        lost = next(r for r in job.results.values() if r.reason == "lost")
+        for i in range(len(job.ranks)):
+            self._release_rank(job, i)
+        job.attempt += 1
+        log.warning("job restarted after losing its node", job=job.id, attempt=job.attempt, node=lost.node)
+        job.phase = "queued"
+        job.ranks, job.held, job.results = [], [], {}
+        job.environment, job.unset = None, []
+        job.started = job.ended = None
+        self._waiting.discard(job.id)
+        self._tx.job_requeued(job.id)
+        self._placed.discard(job)
+        self._new_results = [r for r in self._new_results if r[0] is not job]
+        self._dirty.add(job)
+        self.queue.push(job)
 
     def _release_rank(self, job: JobRecord, i: int) -> None:
         if i < len(job.held) and job.held[i]:
@@ -707,12 +1066,13 @@ class Daemon:
 
     def _kill_outstanding(self, job: JobRecord, *, reason: str) -> None:
         for slot, plan in job.processes.items():
-            self._kills[plan.node][reason].append([job.id, slot])
+            self._kills[plan.node][reason].append([plan.order.job_id, slot])
 
     def _cancel(self, job: JobRecord, *, reason: str) -> None:
         if job.final or job.cancel_reason is not None:
             return
         job.cancel_reason = reason
+        self._dirty.add(job)
         if job.phase == "queued":
             job.phase = "done"
             self.queue.drop()
@@ -822,6 +1182,9 @@ class Daemon:
             job.exit_code = exit_code
             job.message = message
             job.metadata = metadata or {}
+        self._dirty.add(job)
+        if state.final:
+            self._retired.append(job)
         status = job.status()
         for ident in job.subscribers:
             self._events[ident][job.id] = status
@@ -831,7 +1194,13 @@ class Daemon:
     def _flush(self) -> None:
         """Schedule, then send every outbox: one message per peer and kind. Runs in the I/O task only
         (and at the very end of shutdown, when that task is done)."""
+        if self._parked:
+            self._unpark()
         self._schedule()
+        self._commit()
+        if self._draining and not self._stop.is_set() and not self._unfinished():
+            log.info("drained: every accepted job has ended")
+            self._stop.set()
         replies, self._replies = self._replies, []
         direct, self._agent_frames = self._agent_frames, []
         orders, self._orders = self._orders, defaultdict(list)
@@ -849,12 +1218,39 @@ class Daemon:
         for node, batch_orders in orders.items():
             _send(
                 self._agents_sock,
-                [ident_of(node), wire.encode(wire.Kind.LAUNCH, {"orders": [o.to_wire() for o in batch_orders]})],
+                [ident_of(node), wire.encode(wire.Kind.LAUNCH, {"orders": batch_orders})],
             )
+        if self._held_events:
+            self._merge_held(events)
         for ident, evs in events.items():
-            _send(self._clients, [ident, wire.encode(wire.Kind.EVENTS, {"events": list(evs.values())})])
+            sent = _send(self._clients, [ident, wire.encode(wire.Kind.EVENTS, {"events": list(evs.values())})])
+            if sent is not False:
+                self._held_events.pop(ident, None)  # sent, or the client is gone
+            else:
+                # The client is not reading fast enough: keep its statuses, one per job (the newest), and
+                # send them with the next flush -- coalesced, never lost, never more than one per job.
+                self._held_events[ident] = (self._held_events.get(ident, (time.monotonic(), {}))[0], evs)
+        if self._retired:
+            for job in self._retired:
+                if job.final and not job.processes:
+                    self.jobs.pop(job.id, None)
+            self._retired.clear()
         self._progress.set()
         self._progress = anyio.Event()
+
+    def _merge_held(self, events: dict[bytes, dict[str, Any]]) -> None:
+        held, self._held_events = self._held_events, {}
+        now = time.monotonic()
+        for ident, (since, evs) in held.items():
+            if now - since > _HOLD_SECONDS:
+                log.warning("client not reading its job statuses; dropped them", jobs=len(evs), seconds=_HOLD_SECONDS)
+                continue
+            newer = events.get(ident)
+            merged = dict(evs)
+            if newer:
+                merged.update(newer)
+            events[ident] = merged
+            self._held_events[ident] = (since, {})  # keeps 'since' if the send fails again
 
     async def _until(self, predicate: Callable[[], bool]) -> None:
         """Wait for ``predicate``, re-checked after every flush (every burst of messages)."""
@@ -939,7 +1335,13 @@ class Daemon:
                         }
                     )
         return {
-            "pilot": self._info() | {"rundir": str(self.rundir.path), "uptime": time.time() - self.started},
+            "pilot": self._info()
+            | {
+                "rundir": str(self.rundir.path),
+                "uptime": time.time() - self.started,
+                "draining": self._draining,
+                "resumed": self.resumed,
+            },
             "allocation": self._allocation_status(),
             "nodes": nodes,
             "jobs": {s.value: n for s, n in self.counts.items() if n},
@@ -947,16 +1349,27 @@ class Daemon:
         }
 
 
-def _send(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
-    """ROUTER sends never block: a peer that is gone or past its high-water mark loses the message."""
+def _send(sock: zmq.Socket[bytes], frames: list[bytes]) -> bool | None:
+    """ROUTER sends never block. True: sent; False: the peer is past its high-water mark (not reading);
+    None: no such peer (gone). The caller decides what a message that was not sent means."""
     try:
         sock.send_multipart(frames, zmq.NOBLOCK)
+        return True
     except zmq.Again:
-        log.warning("dropped message to a peer that is not reading", size=sum(len(f) for f in frames))
+        log.warning("peer not reading; message held or dropped", size=sum(len(f) for f in frames))
+        return False
+    except zmq.ZMQError as exc:
+        if exc.errno == zmq.EHOSTUNREACH:
+            return None
+        raise
 
 
 def ident_of(name: str) -> bytes:
     return name.encode()
+
+
+def _id_order(job_id: str) -> tuple[int, str]:
+    return (int(job_id), "") if job_id.isdigit() else (0, job_id)
 
 
 def _opt_int(value: Any) -> int | None:

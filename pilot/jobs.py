@@ -46,6 +46,7 @@ class JobRecord:
     unset: list[str] = field(default_factory=list)  # what pre_launch unset
     cancel_reason: str | None = None
     closing: bool = False  # stopped because the allocation's walltime was ending
+    attempt: int = 0  # re-runs after losing a node (restartable jobs)
     started: float | None = None
     ended: float | None = None
     subscribers: set[bytes] = field(default_factory=set)
@@ -53,6 +54,12 @@ class JobRecord:
     @property
     def final(self) -> bool:
         return self.state.final
+
+    @property
+    def proc_id(self) -> str:
+        """The job id its processes carry: a re-run after a lost node gets ``<id>~<attempt>``, so that a
+        late event or kill of the lost attempt can never be taken for one of the new attempt."""
+        return f"{self.id}~{self.attempt}" if self.attempt else self.id
 
     def status(self) -> list[Any]:
         """The wire form of the job's current status: [id, state, time, exit_code, message, metadata]."""

@@ -64,6 +64,7 @@ CREATE TABLE jobs (
     ended REAL,
     cancel_reason TEXT,
     closing INTEGER NOT NULL DEFAULT 0,
+    attempt INTEGER NOT NULL DEFAULT 0,
     ranks BLOB,
     environment BLOB,
     unset BLOB
@@ -99,8 +100,10 @@ CREATE TABLE allocation (
     walltime REAL,
     expected_nodes BLOB NOT NULL,
     hosts BLOB NOT NULL,
-    message TEXT NOT NULL
+    message TEXT NOT NULL,
+    detail BLOB
 );
+CREATE TABLE nodes (name TEXT PRIMARY KEY, config BLOB NOT NULL) WITHOUT ROWID;
 """
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -129,6 +132,10 @@ class Recovered:
     jobs: list[JobRecord] = field(default_factory=list)
     allocation: Allocation | None = None
     next_seq: int = 1
+    #: Nodes whose agents had registered (by name).
+    nodes: list[NodeConfigured] = field(default_factory=list)
+    #: ``Batch.meta`` values (e.g. the endpoint the agents connect to).
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 class Batch:
@@ -137,7 +144,21 @@ class Batch:
     Calls only append to lists (no SQL) so a batch that raises leaves nothing behind, and a big
     batch is written with one ``executemany`` per kind of change."""
 
-    __slots__ = ("_accepted", "_alloc", "_dispatched", "_envs", "_placed", "_progress", "_results", "_seq", "_states")
+    __slots__ = (
+        "_accepted",
+        "_alloc",
+        "_dispatched",
+        "_envs",
+        "_meta",
+        "_nodes",
+        "_placed",
+        "_progress",
+        "_requeued",
+        "_results",
+        "_seq",
+        "_states",
+        "_updates",
+    )
 
     def __init__(self) -> None:
         self._accepted: list[tuple[Any, ...]] = []
@@ -148,6 +169,10 @@ class Batch:
         self._results: list[tuple[Any, ...]] = []
         self._envs: list[tuple[Any, ...]] = []
         self._alloc: tuple[Any, ...] | None = None
+        self._requeued: list[tuple[str]] = []
+        self._updates: list[tuple[Any, ...]] = []
+        self._nodes: list[tuple[str, bytes]] = []
+        self._meta: list[tuple[str, bytes]] = []
         self._seq = 0
 
     def job_accepted(
@@ -189,18 +214,80 @@ class Batch:
         ended: float | None = None,
         cancel_reason: str | None = None,
         closing: bool = False,
+        attempt: int = 0,
     ) -> None:
-        """The job's phase and timing (``JobRecord.phase/started/ended/cancel_reason/closing``) as they
-        are now: what a restarted daemon needs to finish the job's lifecycle and its Delivered."""
-        self._progress.append((phase, started, ended, cancel_reason, int(closing), job_id))
+        """The job's phase and timing (``JobRecord.phase/started/ended/cancel_reason/closing/attempt``) as
+        they are now: what a restarted daemon needs to finish the job's lifecycle and its Delivered."""
+        self._progress.append((phase, started, ended, cancel_reason, int(closing), attempt, job_id))
+
+    def job_update(
+        self,
+        job_id: str,
+        *,
+        state: JobState,
+        state_time: float,
+        exit_code: int | None,
+        message: str | None,
+        metadata: Mapping[str, Any] | None,
+        phase: str,
+        started: float | None,
+        ended: float | None,
+        cancel_reason: str | None,
+        closing: bool,
+        attempt: int,
+        ranks: Sequence[RankPlacement] | None = None,
+    ) -> None:
+        """Everything :meth:`state_changed`, :meth:`job_progress` and :meth:`placed` record, in one row
+        update: the daemon's per-flush form (one statement per changed job). ``ranks`` None keeps them."""
+        meta = _pack(dict(metadata)) if metadata else None
+        packed = _pack_ranks(ranks) if ranks is not None else None
+        self._updates.append(
+            (
+                state.value,
+                state_time,
+                exit_code,
+                message,
+                meta,
+                phase,
+                started,
+                ended,
+                cancel_reason,
+                int(closing),
+                attempt,
+                packed,
+                job_id,
+            )
+        )
+
+    def job_requeued(self, job_id: str) -> None:
+        """The job goes back to the queue for another attempt: its placement, processes and results so
+        far are forgotten (changes for it earlier in this batch included), the new attempt's are kept."""
+        self._placed = [t for t in self._placed if t[-1] != job_id]
+        self._updates = [(*t[:-2], None, t[-1]) if t[-1] == job_id else t for t in self._updates]
+        self._envs = [t for t in self._envs if t[-1] != job_id]
+        self._dispatched = [t for t in self._dispatched if t[0] != job_id]
+        self._results = [t for t in self._results if t[0] != job_id]
+        self._requeued.append((job_id,))
+
+    def node_registered(self, node: NodeConfigured) -> None:
+        """A node's agent registered: a restarted daemon expects it back."""
+        self._nodes.append((node.name, _pack(node.to_wire())))
+
+    def meta(self, key: str, value: Any) -> None:
+        """A daemon-wide value (msgpack-able) kept across restarts."""
+        self._meta.append((key, _pack(value)))
 
     def placed(self, job_id: str, ranks: Sequence[RankPlacement]) -> None:
         """Where the job's ranks went when it started (their slots are taken again on recovery)."""
-        self._placed.append((_pack([[r.node, r.cores, r.gpus, r.memory, r.behind] for r in ranks]), job_id))
+        self._placed.append((_pack_ranks(ranks), job_id))
 
-    def process_dispatched(self, job_id: str, plan: PlannedProcess) -> None:
-        """A process order sent (or about to be sent) to an agent; outstanding until its result."""
-        self._dispatched.append((job_id, plan.order.slot, plan.node, _pack(plan.order.to_wire()), _pack(plan.holds)))
+    def process_dispatched(
+        self, job_id: str, plan: PlannedProcess, *, order_wire: Mapping[str, Any] | None = None
+    ) -> None:
+        """A process order sent (or about to be sent) to an agent; outstanding until its result.
+        ``order_wire``: the order's wire form when the caller has it already (it is what is sent)."""
+        wire = plan.order.to_wire() if order_wire is None else order_wire
+        self._dispatched.append((job_id, plan.order.slot, plan.node, _pack(wire), _pack(plan.holds)))
 
     def process_result(self, job_id: str, slot: int, result: ProcessResult) -> None:
         """How one process ended (or why it never started)."""
@@ -237,9 +324,16 @@ class Batch:
             _pack([n.to_wire() for n in a.expected_nodes]),
             _pack(list(a.hosts)),
             a.message,
+            _pack(dict(a.detail)),
         )
 
     def _write(self, db: sqlite3.Connection) -> None:
+        if self._requeued:  # first: the new attempt's records below must survive
+            db.executemany("DELETE FROM processes WHERE job_id = ?", self._requeued)
+            db.executemany("DELETE FROM results WHERE job_id = ?", self._requeued)
+            db.executemany(
+                "UPDATE jobs SET ranks = NULL, environment = NULL, unset = NULL WHERE id = ?", self._requeued
+            )
         if self._accepted:
             db.executemany(
                 "INSERT INTO jobs (id, seq, description, submitted, state, state_time) VALUES (?, ?, ?, ?, ?, ?)",
@@ -259,9 +353,17 @@ class Batch:
             db.executemany("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?, ?)", self._dispatched)
         if self._results:
             db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", self._results)
+        if self._updates:
+            db.executemany(
+                "UPDATE jobs SET state = ?, state_time = ?, exit_code = ?, message = ?, metadata = ?, phase = ?, "
+                "started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ?, ranks = coalesce(?, ranks) "
+                "WHERE id = ?",
+                self._updates,
+            )
         if self._progress:
             db.executemany(
-                "UPDATE jobs SET phase = ?, started = ?, ended = ?, cancel_reason = ?, closing = ? WHERE id = ?",
+                "UPDATE jobs SET phase = ?, started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ? "
+                "WHERE id = ?",
                 self._progress,
             )
         if self._states:
@@ -270,7 +372,14 @@ class Batch:
                 self._states,
             )
         if self._alloc is not None:
-            db.execute("INSERT OR REPLACE INTO allocation VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self._alloc)
+            db.execute("INSERT OR REPLACE INTO allocation VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self._alloc)
+        if self._nodes:
+            db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?)", self._nodes)
+        if self._meta:
+            db.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                self._meta,
+            )
 
     @property
     def empty(self) -> bool:
@@ -283,6 +392,10 @@ class Batch:
             or self._results
             or self._envs
             or self._alloc
+            or self._requeued
+            or self._updates
+            or self._nodes
+            or self._meta
         )
 
 
@@ -373,7 +486,7 @@ class Store:
         max_seq = 0
         rows = db.execute(
             "SELECT id, seq, description, submitted, state, state_time, exit_code, message, metadata, phase,"
-            " started, ended, cancel_reason, closing, ranks, environment, unset FROM jobs ORDER BY seq"
+            " started, ended, cancel_reason, closing, attempt, ranks, environment, unset FROM jobs ORDER BY seq"
         )
         for row in rows:
             (
@@ -391,6 +504,7 @@ class Store:
                 ended,
                 cr,
                 closing,
+                attempt,
                 ranks,
                 env,
                 un,
@@ -409,6 +523,7 @@ class Store:
             job.ended = ended
             job.cancel_reason = cr
             job.closing = bool(closing)
+            job.attempt = int(attempt)
             if ranks is not None:
                 job.ranks = [RankPlacement(n, list(c), list(g), int(m), bool(b)) for n, c, g, m, b in _unpack(ranks)]
             job.environment = _unpack(env) if env is not None else None
@@ -428,7 +543,7 @@ class Store:
                 )
         for jid, slot, node, order, holds in db.execute("SELECT * FROM processes"):
             owner = jobs.get(jid)
-            if owner is None or slot in owner.results:
+            if owner is None or owner.final or slot in owner.results:
                 continue  # done: only outstanding processes are rebuilt
             owner.processes[slot] = PlannedProcess(node, ProcessOrder.from_wire(_unpack(order)), list(_unpack(holds)))
         for job in jobs.values():
@@ -438,7 +553,7 @@ class Store:
         out.next_seq = max(max_seq, int(row[0]) if row else 0) + 1
         arow = db.execute("SELECT * FROM allocation WHERE id = 1").fetchone()
         if arow is not None:
-            _, lrm, native_id, state, nodes, submitted, started, walltime, expected, hosts, message = arow
+            _, lrm, native_id, state, nodes, submitted, started, walltime, expected, hosts, message, detail = arow
             out.allocation = Allocation(
                 native_id=native_id,
                 lrm=lrm,
@@ -450,8 +565,39 @@ class Store:
                 started=started,
                 walltime=walltime,
                 hosts=list(_unpack(hosts)),
+                detail=dict(_unpack(detail)) if detail is not None else {},
             )
+        out.nodes = [NodeConfigured.from_wire(_unpack(c)) for _, c in db.execute("SELECT name, config FROM nodes")]
+        for key, value in db.execute("SELECT key, value FROM meta WHERE key != 'seq'"):
+            out.meta[key] = _unpack(value)
         return out
+
+    def job_ids(self) -> list[str]:
+        """Every job id the journal holds, in submission order."""
+        try:
+            return [row[0] for row in self._db.execute("SELECT id FROM jobs ORDER BY seq")]
+        except sqlite3.Error as exc:
+            raise _error(self.path, exc) from None
+
+    def job_status(self, job_id: str) -> tuple[list[Any], str | None] | None:
+        """A job's status in its wire form and its name, from the journal (the daemon keeps only jobs
+        that have not ended in memory); None when there is no such job."""
+        try:
+            row = self._db.execute(
+                "SELECT state, state_time, exit_code, message, metadata, description FROM jobs WHERE id = ?",
+                (job_id,),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise _error(self.path, exc) from None
+        if row is None:
+            return None
+        state, t, code, message, meta, desc = row
+        try:
+            name = _unpack(desc).get("name")
+            metadata = _unpack(meta) if meta is not None else None
+        except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
+            name, metadata = None, None
+        return [job_id, state, t, code, message, metadata or None], name if isinstance(name, str) else None
 
     def close(self) -> None:
         """Checkpoint and close (a clean shutdown leaves just ``journal.db``)."""
@@ -460,11 +606,25 @@ class Store:
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
 
+    def discard(self) -> None:
+        """Close and delete the journal: the pilot stopped cleanly, so the next one on this run directory
+        starts afresh instead of resuming."""
+        self.close()
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                os.unlink(f"{self.path}{suffix}")
+            except FileNotFoundError:
+                pass
+
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _pack_ranks(ranks: Sequence[RankPlacement]) -> bytes:
+    return _pack([[r.node, r.cores, r.gpus, r.memory, r.behind] for r in ranks])
 
 
 def _held(job: JobRecord) -> list[bool]:

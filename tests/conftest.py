@@ -57,6 +57,26 @@ class Pilot:
     def status(self) -> dict[str, object]:
         return self.executor().pilot_status()
 
+    def kill9(self) -> None:
+        """SIGKILL the daemon (its agents and their tasks live on) and wait until it is gone."""
+        proc = psutil.Process(self.pid)
+        proc.kill()
+        try:
+            proc.wait(timeout=20)
+        except psutil.TimeoutExpired:
+            assert proc.status() == psutil.STATUS_ZOMBIE, "the SIGKILLed daemon did not die"
+
+    def up_again(self) -> None:
+        """``pilot up`` on the same run directory and config: a daemon that resumes from the journal."""
+        proc = subprocess.run(
+            [PYTHON, "-m", "pilot", "up", "--config", str(self.config), "--rundir", str(self.rundir.path)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, f"pilot up (restart) failed: {proc.stdout}\n{proc.stderr}"
+
 
 @pytest.fixture
 def pilot_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

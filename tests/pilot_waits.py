@@ -59,3 +59,16 @@ def gone(proc: psutil.Process) -> bool:
         return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def list_when_back(ex: psij.JobExecutor, timeout: float = 20) -> list[str]:
+    """``list()``, retried while it fails transiently: right after a daemon restart the executor's
+    connection may still be reconnecting."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ex.list()
+        except psij.SubmitException as exc:
+            if not exc.transient or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

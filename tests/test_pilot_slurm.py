@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pilot_waits import agents_active
+from pilot_waits import agents_active, list_when_back
 from slurm_fixture import slurm_cluster  # noqa: F401 - the session fixture
 
 import client as psij
@@ -119,3 +119,43 @@ def test_a_one_minute_slurm_pilot_honours_its_walltime(
     assert "walltime" in (status.message or "") and "allocation ends" in (status.message or ""), status.message
     a = ex.pilot_status()["allocation"]
     assert a["walltime"] == 60 and status.time < float(a["started"]) + 60
+
+
+def test_slurm_pilot_restarted_after_sigkill_keeps_its_allocation_and_running_tasks(
+    slurm_cluster: dict[str, str],  # noqa: F811
+    start_pilot: Any,
+    tmp_path: Path,
+) -> None:
+    """The agents on both nodes (over CURVE/TCP) keep their tasks while the daemon is dead, and reconnect
+    to the restarted one on the same endpoint; the Slurm job is re-attached, not requested again."""
+    pilot = start_pilot(CONFIG)
+    ex = pilot.executor()
+    st = agents_active(ex, 2)
+    native = str(st["allocation"]["native_id"])
+    url = pilot.info["agent_url"]
+    jobs = [
+        psij.Job(psij.JobSpec("/bin/sh", ["-c", f"echo $SLURMD_NODENAME >> {tmp_path}/m{i}; sleep 6"]))
+        for i in range(2)
+    ]
+    for job in jobs:
+        ex.submit(job)
+    for job in jobs:
+        job.wait(timeout=30, target_states=[psij.JobState.ACTIVE])
+    ids = [job.native_id for job in jobs]
+    ex.close()
+    pilot.kill9()
+    pilot.up_again()
+    assert pilot.info["agent_url"] == url
+    ex2 = pilot.executor()
+    assert set(list_when_back(ex2)) == set(ids)
+    st = agents_active(ex2, 2)
+    assert str(st["allocation"]["native_id"]) == native
+    for i, native_id in enumerate(ids):
+        job = psij.Job()
+        assert native_id is not None
+        ex2.attach(job, native_id)
+        status = job.wait(timeout=60)
+        assert status is not None and status.state is psij.JobState.COMPLETED, status
+        assert (tmp_path / f"m{i}").read_text().split() in (["node1"], ["node2"]), "ran exactly once"
+    queue = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    assert queue == [native], f"the restarted daemon asked Slurm for another allocation: {queue}"

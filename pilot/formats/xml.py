@@ -116,6 +116,11 @@ def parse(data: str | bytes, *, what: str = "XML") -> XmlElement:
         ) from None
     except ParseError as exc:
         raise _not_well_formed(exc, data, builder, what) from None
+    except (LookupError, UnicodeError, ValueError) as exc:
+        # expat hands the text to Python codecs: a str with a lone surrogate, or bytes declaring an encoding
+        # Python does not know (LookupError), cannot decode, or expat cannot use (multi-byte: ValueError).
+        line = parser.parser.CurrentLineNumber
+        raise SssError(f"{what} is not text this reader can decode ({exc}); write it as UTF-8", line=line) from None
     if builder.root is None:
         raise SssError(f"{what} is empty: it holds no element")
     return builder.root

@@ -58,6 +58,8 @@ class Allocation:
     reason: str = ""
     #: The batch job's exit code once it has ended, when the batch system tells it.
     exit_code: int | None = None
+    #: What this LRM executor needs to re-attach to the allocation from a restarted daemon (journaled).
+    detail: dict[str, Any] = field(default_factory=dict)
 
     def to_status(self) -> dict[str, Any]:
         remaining = None
@@ -106,3 +108,9 @@ class LrmExecutor(ABC):
     @abstractmethod
     async def cancel(self, allocation: Allocation) -> None:
         """Release the allocation and end whatever still runs in it."""
+
+    async def reattach(self, allocation: Allocation) -> None:
+        """Take over an allocation a previous daemon acquired (recovered from its journal), so that poll
+        and cancel work on it as on one this executor submitted. Batch jobs are found by their native
+        id, so the default just polls it."""
+        await self.poll([allocation])

@@ -57,7 +57,7 @@ class LocalExecutor(LrmExecutor):
             raise ConfigError(f"{source}: allocation.agent_python must be a path to a Python interpreter")
         self._agent_python: str | None = python
         self._workdirs: dict[str, Path] = {}
-        self._procs: dict[str, list[anyio.abc.Process]] = {}
+        self._procs: dict[str, list[_AgentProcess]] = {}
         self.cpu_maps: list[dict[int, int]] = []
 
     def validate(self, *, nodes: int) -> None:
@@ -140,23 +140,38 @@ class LocalExecutor(LrmExecutor):
                 )
             finally:
                 logf.close()
-            procs.append(proc)
+            procs.append(_AgentProcess.started(node.name, proc))
         self._procs[native_id] = procs
         self._workdirs[native_id] = request.workdir
+        alloc.detail = {"workdir": str(request.workdir), "agents": [a.to_wire() for a in procs]}
         log.info("local allocation active", id=native_id, nodes=[n.name for n in nodes])
         return alloc
+
+    async def reattach(self, allocation: Allocation) -> None:
+        """The agents a previous daemon started outlived it (their own sessions): find them by pid and
+        start time (a reused pid is not mistaken for one), so poll and cancel see them again."""
+        detail = allocation.detail
+        agents = detail.get("agents")
+        workdir = detail.get("workdir")
+        if not isinstance(agents, list) or not isinstance(workdir, str):
+            raise ConfigError(
+                f"the journal's local allocation {allocation.native_id} has no agent list; "
+                "it cannot be re-attached (move journal.db aside to start afresh)"
+            )
+        self._procs[allocation.native_id] = [_AgentProcess.adopted(a) for a in agents]
+        self._workdirs[allocation.native_id] = Path(workdir)
+        await self.poll([allocation])
 
     async def poll(self, allocations: Sequence[Allocation]) -> None:
         for alloc in allocations:
             procs = self._procs.get(alloc.native_id, [])
-            if alloc.state is AllocationState.ACTIVE and procs and all(p.returncode is not None for p in procs):
+            if alloc.state is AllocationState.ACTIVE and procs and all(p.exited for p in procs):
                 alloc.state = AllocationState.FAILED
                 workdir = self._workdirs.get(alloc.native_id)
                 parts = []
-                for i, p in enumerate(procs):
-                    name = f"local-{i}"
-                    tail = _tail(workdir / f"{name}.log") if workdir is not None else ""
-                    parts.append(f"agent {name} exited with {p.returncode}" + (f": {tail}" if tail else ""))
+                for p in procs:
+                    tail = _tail(workdir / f"{p.name}.log") if workdir is not None else ""
+                    parts.append(f"agent {p.name} {p.describe_exit()}" + (f": {tail}" if tail else ""))
                 alloc.message = "every agent exited; " + "; ".join(parts)
 
     async def cancel(self, allocation: Allocation) -> None:
@@ -166,17 +181,85 @@ class LocalExecutor(LrmExecutor):
             for p in procs:
                 await p.wait()
         for p in procs:
-            if p.returncode is None:
+            if not p.exited:
                 log.warning("agent did not stop, killing", pid=p.pid)
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                p.kill_group()
         for p in procs:
             await p.wait()
             await p.aclose()
         allocation.state = AllocationState.DONE
         self._procs.pop(allocation.native_id, None)
+
+
+class _AgentProcess:
+    """One local agent: our child (started here) or adopted from a daemon that died (not our child:
+    followed through psutil, which checks the pid still names the same process)."""
+
+    def __init__(self, name: str, pid: int, create_time: float, child: anyio.abc.Process | None) -> None:
+        self.name = name
+        self.pid = pid
+        self.create_time = create_time
+        self._child = child
+        self._gone = False
+
+    @classmethod
+    def started(cls, name: str, proc: anyio.abc.Process) -> _AgentProcess:
+        try:
+            created = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            created = 0.0
+        return cls(name, proc.pid, created, proc)
+
+    @classmethod
+    def adopted(cls, raw: Any) -> _AgentProcess:
+        if not (
+            isinstance(raw, list)
+            and len(raw) == 3
+            and isinstance(raw[0], str)
+            and isinstance(raw[1], int)
+            and isinstance(raw[2], int | float)
+        ):
+            raise ConfigError(f"the journal's local agent record {raw!r} is not [name, pid, start time]")
+        return cls(raw[0], raw[1], float(raw[2]), None)
+
+    def to_wire(self) -> list[Any]:
+        return [self.name, self.pid, self.create_time]
+
+    @property
+    def exited(self) -> bool:
+        if self._child is not None:
+            return self._child.returncode is not None
+        if not self._gone:
+            try:
+                proc = psutil.Process(self.pid)
+                self._gone = abs(proc.create_time() - self.create_time) > 0.5 or proc.status() == psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                self._gone = True
+        return self._gone
+
+    def describe_exit(self) -> str:
+        if self._child is not None:
+            return f"exited with {self._child.returncode}"
+        return "exited (its exit code went to the daemon that started it)"
+
+    def kill_group(self) -> None:
+        if self.exited:
+            return
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    async def wait(self) -> None:
+        if self._child is not None:
+            await self._child.wait()
+            return
+        while not self.exited:  # noqa: ASYNC110 -- not our child: no exit notification to wait on
+            await anyio.sleep(0.05)
+
+    async def aclose(self) -> None:
+        if self._child is not None:
+            await self._child.aclose()
 
 
 def _opt_int(options: dict[str, Any], key: str, source: str) -> int | None:

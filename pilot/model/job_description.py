@@ -71,6 +71,16 @@ class JobDescription:
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def restartable(self) -> bool:
+        """SSS ``Restartable``: run again elsewhere when its node is lost (PSI/J: custom attribute)."""
+        return self.custom_attributes.get(RESTARTABLE) is True
+
+    @property
+    def retries(self) -> int:
+        value = self.custom_attributes.get(RETRIES)
+        return value if isinstance(value, int) and not isinstance(value, bool) else DEFAULT_RETRIES
+
     @classmethod
     def from_wire(cls, raw: Any) -> JobDescription:
         if not isinstance(raw, dict):
@@ -101,6 +111,13 @@ class JobDescription:
         custom = raw.get("custom_attributes") or {}
         if not isinstance(custom, dict) or not all(isinstance(k, str) for k in custom):
             raise DescriptionError("JobAttributes.custom_attributes must be a map with string keys")
+        if not isinstance(custom.get(RESTARTABLE, False), bool):
+            raise DescriptionError(f"JobAttributes.custom_attributes[{RESTARTABLE!r}] must be true or false")
+        retries = custom.get(RETRIES, DEFAULT_RETRIES)
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+            raise DescriptionError(
+                f"JobAttributes.custom_attributes[{RETRIES!r}] must be a whole number from 0 to {MAX_RETRIES}"
+            )
         return cls(
             executable=executable,
             arguments=_str_list(raw, "arguments"),
@@ -125,6 +142,11 @@ class JobDescription:
 
 
 _FIELDS: Final = frozenset(JobDescription.__dataclass_fields__)
+#: Custom attributes (PSI/J ``JobAttributes.custom_attributes``) that make a job restartable after node loss.
+RESTARTABLE: Final = "pilot.restartable"
+RETRIES: Final = "pilot.retries"
+DEFAULT_RETRIES: Final = 3
+MAX_RETRIES: Final = 100
 _RES_FIELDS: Final = frozenset(ResourceRequest.__dataclass_fields__)
 
 

@@ -91,6 +91,22 @@ class NodeSlots:
         self.holders += 1
         return RankPlacement(self.name, cores, gpus, m)
 
+    def take_exact(self, rank: RankPlacement) -> None:
+        """Take the slots of a rank placed before a daemon restart (recovered from the journal). A core
+        already taken was placed behind its holder (``behind``): it waits for that core again."""
+        for c in rank.cores:
+            i = bisect.bisect_left(self.free_cores, c)
+            if i < len(self.free_cores) and self.free_cores[i] == c:
+                del self.free_cores[i]
+            else:
+                self.waiting.add(c)
+        for g in rank.gpus:
+            i = bisect.bisect_left(self.free_gpus, g)
+            if i < len(self.free_gpus) and self.free_gpus[i] == g:
+                del self.free_gpus[i]
+        self.free_memory -= rank.memory
+        self.holders += 1
+
     def give_back(self, rank: RankPlacement) -> None:
         for c in rank.cores:
             if c in self.waiting:
@@ -134,9 +150,14 @@ def _shares(req: ResourceRequest, nodes: list[NodeSlots]) -> list[tuple[NodeSlot
         return None
     if req.processes_per_node is not None:
         want_nodes = req.node_count or total // req.processes_per_node
-        per = [req.processes_per_node] * want_nodes
     else:
         want_nodes = req.node_count or 1
+    if want_nodes > len(nodes):
+        # Before the per-node list is built: a request for 2**40 nodes must cost nothing, not 8 TB.
+        return None
+    if req.processes_per_node is not None:
+        per = [req.processes_per_node] * want_nodes
+    else:
         base, extra = divmod(total, want_nodes)
         per = [base + 1] * extra + [base] * (want_nodes - extra)
     fitting = [(n.capacity(req), i, n) for i, n in enumerate(nodes)]

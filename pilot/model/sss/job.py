@@ -159,7 +159,11 @@ def amount(prop: Property) -> float:
                 element=f"<{prop.name}>",
                 line=prop.line,
             )
-        return v * factor
+        v *= factor
+        if not math.isfinite(v):
+            raise SssError(
+                f"{prop.value} {units} is more than any machine has", element=f"<{prop.name}>", line=prop.line
+            )
     return v
 
 

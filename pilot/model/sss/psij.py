@@ -15,7 +15,7 @@ import json
 import shlex
 from typing import Any, Final
 
-from pilot.model.job_description import JobDescription, ResourceRequest
+from pilot.model.job_description import DescriptionError, JobDescription, ResourceRequest
 from pilot.model.sss.errors import SssError
 from pilot.model.sss.job import (
     EffectiveJob,
@@ -134,12 +134,13 @@ def description(
     job: EffectiveJob, tg: EffectiveTaskGroup, *, resources: ResourceRequest | None = None
 ) -> JobDescription:
     """The JobDescription of one (effective) task group: what the existing launchers need to start
-    its tasks. ``resources`` overrides what the task group's own numbers say (e.g. a resolved variant)."""
+    its tasks. ``resources`` overrides what the task group's own numbers say (e.g. a resolved variant).
+    It is checked as the daemon checks a submitted job: :class:`SssError` says what cannot run."""
     p = tg.properties
     export = p.export_environment
     custom: dict[str, Any] = p.custom_attributes
     duration = job.properties.duration
-    return JobDescription(
+    d = JobDescription(
         executable=p.executable or "",
         arguments=p.arguments,
         directory=p.initial_working_directory,
@@ -160,6 +161,10 @@ def description(
         custom_attributes=custom,
         submit_directory=p.extension("SubmitDirectory"),
     )
+    try:
+        return JobDescription.from_wire(d.to_wire())
+    except DescriptionError as exc:
+        raise SssError(f"cannot run as given: {exc}", element=tg.where) from None
 
 
 def _path(p: Properties, name: str) -> str | None:
@@ -173,7 +178,12 @@ def _resources(tg: EffectiveTaskGroup) -> ResourceRequest:
     processors = p.integer("Processors")
     cores = processors // count if processors else 1
     td = p.task_distribution
-    ppn = int(td.value) if td is not None and td.type == "TasksPerNode" else None
+    ppn = None
+    if td is not None and td.type == "TasksPerNode":
+        try:
+            ppn = int(td.value)
+        except ValueError:
+            raise SssError(f"TasksPerNode {td.value!r} is not a whole number", element=tg.where) from None
     mem = p.first("Memory")
     gpus = p.first("Resource")
     exclusive = (p.extension("Exclusive") or "").lower() in ("true", "1")

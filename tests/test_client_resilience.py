@@ -1,0 +1,426 @@
+"""Clients survive too (issue 5): an executor whose daemon is SIGKILLed gets transient SubmitExceptions
+instead of hanging, and follows a daemon restarted with ``pilot up`` on the same run directory by itself.
+
+Real daemons, agents and tasks throughout. A SIGKILLed daemon's agents and their tasks outlive it on
+purpose; the ``strays`` fixture kills whatever of them still runs once the test and its ``pilot down``
+are over, so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import psij as psij_python
+import psutil
+import pytest
+from conftest import PYTHON, Pilot
+from pilot_waits import agents_active, gone, wait_for
+
+import client as psij
+from client._psij_plugin import PilotJobExecutor
+from pilot.store import JOURNAL_FILE
+
+CONFIG = """
+[pilot]
+heartbeat_interval = 0.5
+agent_timeout = 4
+
+[allocation]
+lrm = "local"
+nodes = 1
+cores_per_node = 4
+"""
+
+TIMEOUT = 5.0  # the executors' request_timeout here: a passing test never waits for it
+
+
+def sh(script: str) -> psij.JobSpec:
+    return psij.JobSpec(executable="/bin/sh", arguments=["-c", script])
+
+
+def gated(gate: Path) -> psij.JobSpec:
+    """A job that runs until ``gate`` exists: it is running across a daemon restart however long that takes."""
+    return sh(f"while [ ! -e {gate} ]; do sleep 0.05; done")
+
+
+class Seen:
+    """The states a job's callback was given, in order."""
+
+    def __init__(self, job: psij.Job) -> None:
+        self.states: list[psij.JobState] = []
+        self.messages: list[str | None] = []
+        self._lock = threading.Lock()
+        job.set_job_status_callback(self)
+
+    def job_status_changed(self, job: psij.Job, status: psij.JobStatus) -> None:
+        with self._lock:
+            self.states.append(status.state)
+            self.messages.append(status.message)
+
+
+@dataclass
+class Restartable:
+    """A pilot whose daemon the test kills and starts again on the same run directory."""
+
+    pilot: Pilot
+    strays: list[psutil.Process]
+    executors: list[psij.JobExecutor] = field(default_factory=list)
+
+    def executor(self, *, request_timeout: float = TIMEOUT) -> psij.JobExecutor:
+        ex = psij.JobExecutor.get_instance("pilot", url=str(self.pilot.rundir.path), request_timeout=request_timeout)
+        self.pilot.executors.append(ex)  # closed by the start_pilot fixture
+        return ex
+
+    def kill_daemon(self, *, with_agents: bool = False) -> None:
+        """SIGKILL the daemon; its agents and their tasks keep running (and are the test's to clean up),
+        unless ``with_agents``: then they are killed too, as when the whole allocation is lost."""
+        daemon = psutil.Process(self.pilot.pid)
+        children = daemon.children(recursive=True)
+        self.strays.extend(children)
+        daemon.kill()
+        wait_for(lambda: gone(daemon), what="the daemon to die")
+        assert self.pilot.rundir.read_info() is None
+        if with_agents:
+            for proc in children:
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            wait_for(lambda: all(gone(proc) for proc in children), what="the agents and tasks to die")
+
+    def up_again(self, *, forget_jobs: bool = False) -> None:
+        """``pilot up`` on the same run directory; ``forget_jobs`` removes the journal first, so the new
+        daemon starts empty whatever it is able to recover."""
+        if forget_jobs:
+            for suffix in ("", "-wal", "-shm"):
+                (self.pilot.rundir.path / f"{JOURNAL_FILE}{suffix}").unlink(missing_ok=True)
+        p = self.pilot
+        proc = subprocess.run(
+            [PYTHON, "-m", "pilot", "up", "--config", str(p.config), "--rundir", str(p.rundir.path)],
+            env=p.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, f"pilot up (restart) failed: {proc.stdout}\n{proc.stderr}"
+
+
+@pytest.fixture
+def strays() -> Iterator[list[psutil.Process]]:
+    """Processes a SIGKILLed daemon left behind. Set up before the pilot, so torn down after its
+    ``pilot down``: whatever of them still runs then (with what it started since) is killed."""
+    procs: list[psutil.Process] = []
+    yield procs
+    found: dict[int, psutil.Process] = {}
+    for proc in procs:
+        try:
+            if proc.is_running():
+                found[proc.pid] = proc
+                found.update((c.pid, c) for c in proc.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    for proc in found.values():
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(list(found.values()), timeout=10)
+    assert not [p for p in alive if not gone(p)], f"could not clean up after the killed daemon: {alive}"
+
+
+@pytest.fixture
+def restartable(strays: list[psutil.Process], start_pilot: Callable[..., Pilot]) -> Restartable:
+    return Restartable(start_pilot(CONFIG), strays)
+
+
+def final(job: psij.Job, timeout: float = 30) -> psij.JobStatus:
+    status = job.wait(timeout=timeout)
+    assert status is not None and status.final, f"job {job.native_id} not final after {timeout} s: {job.status}"
+    return status
+
+
+# -- a dead daemon: transient errors, not hangs ----------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_submit_to_a_killed_daemon_is_transient_and_the_same_executor_reconnects(restartable: Restartable) -> None:
+    r = restartable
+    ex = r.executor()
+    agents_active(ex, 1)
+    held = [psij.Job(sh("sleep 3")) for _ in range(2)]
+    for job in held:
+        ex.submit(job)
+    conn = ex._backend.connection
+
+    r.kill_daemon()
+    # The timeout marker is the "does not hang" bound; the error is expected long before request_timeout.
+    job = psij.Job(sh("true"))
+    with pytest.raises(psij.SubmitException) as err:
+        ex.submit(job)
+    assert err.value.transient, err.value
+    assert job.status.state is psij.JobState.NEW and job.native_id is None and job.executor is None
+    with pytest.raises(psij.SubmitException) as err:
+        ex.list()
+    assert err.value.transient and "pilot up" in str(err.value), err.value
+
+    r.up_again()
+    # The same executor object, on the same connection, which found the new daemon by itself. (Whether
+    # the job then completes is the daemon's business: one that restarts empty numbers jobs from 1 again
+    # while the old agents still run the old job 1; the tests below run new jobs on a clean restart.)
+    again = psij.Job(sh("true"))
+    seen = Seen(again)
+    ex.submit(again)
+    assert again.native_id is not None and seen.states[0] is psij.JobState.QUEUED
+    assert ex._backend.connection is conn and conn.connects == 2
+    final(again)
+    # The jobs held across the restart end one way or the other (run on, or lost): wait() never hangs.
+    for job in held:
+        final(job)
+
+
+@pytest.mark.timeout(90)
+def test_submit_in_flight_when_the_daemon_dies_is_transient_and_never_resent(restartable: Restartable) -> None:
+    r = restartable
+    ex = r.executor(request_timeout=60)  # the loss, not the timeout, must end the wait
+    agents_active(ex, 1)
+    daemon = psutil.Process(r.pilot.pid)
+    daemon.suspend()  # reads nothing: the submit below is in flight, unanswered, when the daemon dies
+    try:
+        job = psij.Job(sh("true"))
+        errors: list[BaseException] = []
+
+        def submit() -> None:
+            try:
+                ex.submit(job)
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=submit)
+        t.start()
+        conn = ex._backend.connection
+        wait_for(lambda: conn.in_flight() == 1, what="the submit to be sent")
+        r.kill_daemon()
+    finally:
+        try:
+            daemon.resume()
+        except psutil.NoSuchProcess:
+            pass
+    t.join(30)
+    assert not t.is_alive(), "the in-flight submit hangs"
+    assert len(errors) == 1 and isinstance(errors[0], psij.SubmitException), errors
+    assert errors[0].transient
+    assert "may or may not have been accepted" in str(errors[0]), errors[0]
+    assert job.status.state is psij.JobState.NEW and job.native_id is None
+
+    r.up_again()
+    # Anything the executor sent again would be answered before this list(): nothing was.
+    assert ex.list() == []
+    ok = psij.Job(sh("true"))
+    ex.submit(ok)
+    assert final(ok).state is psij.JobState.COMPLETED
+
+
+@pytest.mark.timeout(60)
+def test_a_silent_daemon_fails_requests_at_request_timeout(restartable: Restartable) -> None:
+    r = restartable
+    ex = r.executor(request_timeout=1)
+    agents_active(ex, 1)
+    daemon = psutil.Process(r.pilot.pid)
+    daemon.suspend()
+    try:
+        job = psij.Job(sh("true"))
+        with pytest.raises(psij.SubmitException) as err:
+            ex.submit(job)
+    finally:
+        daemon.resume()
+    assert err.value.transient
+    message = str(err.value)
+    assert "request_timeout" in message and "list()" in message, message
+    assert job.status.state is psij.JobState.NEW and job.executor is None
+    # What the message warns about: the daemon read the submit once it ran again.
+    assert wait_for(lambda: ex.list(), what="the late submit to be accepted") == ["1"]
+
+
+# -- a restarted daemon: jobs are followed again ---------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_jobs_a_restarted_daemon_lost_end_failed_saying_so(restartable: Restartable, tmp_path: Path) -> None:
+    r = restartable
+    ex = r.executor()
+    agents_active(ex, 1)
+    gate = tmp_path / "gate"
+    held = [psij.Job(gated(gate)) for _ in range(2)]
+    seen = [Seen(job) for job in held]
+    for job in held:
+        ex.submit(job)
+        assert job.wait(timeout=20, target_states=[psij.JobState.ACTIVE]) is not None
+    # Everything lost: the daemon, its journal, its agents and their tasks. The new daemon knows nothing.
+    r.kill_daemon(with_agents=True)
+    r.up_again(forget_jobs=True)
+    for job, s in zip(held, seen, strict=True):
+        status = final(job)
+        assert status.state is psij.JobState.FAILED, status
+        assert status.message is not None and "restarted" in status.message, status.message
+        assert f"job {job.native_id}" in status.message, status.message
+        assert s.states == [psij.JobState.QUEUED, psij.JobState.ACTIVE, psij.JobState.FAILED], s.states
+    # The new daemon numbers its jobs from 1 again: a new job with a lost one's id is its own job.
+    new = psij.Job(sh("true"))
+    new_seen = Seen(new)
+    ex.submit(new)
+    assert new.native_id in {job.native_id for job in held}
+    assert final(new).state is psij.JobState.COMPLETED
+    assert psij.JobState.FAILED not in new_seen.states
+    assert all(job.status.state is psij.JobState.FAILED for job in held)
+    gate.touch()
+
+
+_FOLLOWER = textwrap.dedent(
+    """
+    import json, sys
+    import client as psij
+
+    url, ids = sys.argv[1], sys.argv[2:]
+    ex = psij.JobExecutor.get_instance("pilot", url=url, request_timeout=10)
+    out = {"list": ex.list(), "final": {}}
+    for native_id in ids:
+        job = psij.Job()
+        ex.attach(job, native_id)
+        status = job.wait(timeout=60)
+        out["final"][native_id] = None if status is None else status.state.value
+    ex.close()
+    print(json.dumps(out))
+    """
+)
+
+
+def follow(r: Restartable, *ids: str) -> dict[str, object]:
+    """list() and attach(ids) -> final states, from a new process."""
+    proc = subprocess.run(
+        [PYTHON, "-c", _FOLLOWER, str(r.pilot.rundir.path), *ids],
+        env=r.pilot.env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, object] = json.loads(proc.stdout)
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_list_and_attach_work_from_a_new_process_after_a_restart(restartable: Restartable) -> None:
+    r = restartable
+    ex = r.executor()
+    agents_active(ex, 1)
+    r.kill_daemon()
+    r.up_again()
+    job = psij.Job(sh("true"))
+    ex.submit(job)
+    assert final(job).state is psij.JobState.COMPLETED
+    assert job.native_id is not None
+    out = follow(r, job.native_id)
+    assert isinstance(out["list"], list) and job.native_id in out["list"], out
+    assert out["final"] == {job.native_id: "COMPLETED"}, out
+
+
+@pytest.mark.timeout(120)
+def test_callbacks_and_wait_resume_for_jobs_submitted_before_the_kill(restartable: Restartable, tmp_path: Path) -> None:
+    r = restartable
+    ex = r.executor()
+    agents_active(ex, 1)
+    gate = tmp_path / "gate"
+    held = [psij.Job(sh(f"while [ ! -e {gate} ]; do sleep 0.05; done; exit {code}")) for code in (0, 3)]
+    seen = [Seen(job) for job in held]
+    for job in held:
+        ex.submit(job)
+        assert job.wait(timeout=20, target_states=[psij.JobState.ACTIVE]) is not None
+    ids = [str(job.native_id) for job in held]
+    r.kill_daemon()
+    r.up_again()
+    # A new process finds the jobs and can follow them too.
+    follower = subprocess.Popen(
+        [PYTHON, "-c", _FOLLOWER, str(r.pilot.rundir.path), *ids],
+        env=r.pilot.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        gate.touch()
+        statuses = [final(job, 60) for job in held]
+        out, err = follower.communicate(timeout=90)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert [s.state for s in statuses] == [psij.JobState.COMPLETED, psij.JobState.FAILED], statuses
+    assert statuses[1].exit_code == 3
+    for s in seen:
+        assert s.states[:2] == [psij.JobState.QUEUED, psij.JobState.ACTIVE], s.states
+        assert len(s.states) == 3 and s.states[2].final, s.states
+    assert follower.returncode == 0, err
+    found = json.loads(out)
+    assert set(ids) <= set(found["list"]), found
+    assert found["final"] == {ids[0]: "COMPLETED", ids[1]: "FAILED"}, found
+
+
+# -- the psij-python plugin shares all of it --------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_psij_plugin_executor_gets_transient_errors_and_reconnects(restartable: Restartable) -> None:
+    r = restartable
+    agents_active(r.executor(), 1)
+    ex = PilotJobExecutor(url=str(r.pilot.rundir.path), request_timeout=TIMEOUT)
+    try:
+        r.kill_daemon()
+        job = psij_python.Job(psij_python.JobSpec("/bin/true"))
+        with pytest.raises(psij_python.SubmitException) as err:
+            ex.submit(job)
+        assert err.value.transient
+        assert job.status.state == psij_python.JobState.NEW and job.executor is None
+        r.up_again()
+        again = psij_python.Job(psij_python.JobSpec("/bin/true"))
+        ex.submit(again)
+        status = again.wait(timeout=timedelta(seconds=30))
+        assert status is not None and status.state == psij_python.JobState.COMPLETED, status
+    finally:
+        ex.close()
+
+
+# -- options and threads -----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf")])
+def test_request_timeout_must_be_a_positive_number(bad: float) -> None:
+    with pytest.raises(ValueError, match="request_timeout"):
+        psij.JobExecutor(request_timeout=bad)
+    with pytest.raises(ValueError, match="request_timeout"):
+        PilotJobExecutor(request_timeout=bad)
+
+
+@pytest.mark.timeout(60)
+def test_closing_the_last_executor_joins_the_connection_threads(start_pilot: Callable[..., Pilot]) -> None:
+    p = start_pilot(CONFIG)
+    url = str(p.rundir.path)
+    first = psij.JobExecutor.get_instance("pilot", url=url)
+    second = psij.JobExecutor.get_instance("pilot", url=url)
+    job = psij.Job(sh("true"))
+    first.submit(job)
+    conn = first._backend.connection
+    assert second._backend.connection is conn, "one connection per process and pilot"
+    first.close()
+    assert not conn.closed, "another executor still uses it"
+    assert final(job).state is psij.JobState.COMPLETED
+    second.close()
+    assert conn.closed
+    assert not conn._io.is_alive() and not conn._dispatch.is_alive()
