@@ -137,7 +137,10 @@ class Agent:
         elif msg.kind == wire.Kind.REGISTERED:
             self._registered = True
             self._acked(msg.body)
-            self._heartbeat = float(wire.opt_field(msg.body, "heartbeat_interval", (int, float), self._heartbeat))
+            interval = float(wire.opt_field(msg.body, "heartbeat_interval", (int, float), self._heartbeat))
+            if not 0.01 <= interval <= 3600:  # NaN included: never again, or every loop turn, is no heartbeat
+                raise wire.ProtocolError(f"heartbeat_interval {interval!r} is not between 0.01 and 3600 s")
+            self._heartbeat = interval
             self._next_beat = time.monotonic() + self._heartbeat
             log.info("registered", node=self.node.name)
         elif msg.kind == wire.Kind.HEARTBEAT:

@@ -430,6 +430,12 @@ class Store:
             raise _error(path, exc) from None
         try:
             _setup(db, path, durable=durable)
+        except UnicodeDecodeError:
+            # SQLite's message quotes a damaged schema byte that Python cannot decode: a corrupt file.
+            db.close()
+            raise JournalError(
+                f"the pilot journal {path} is corrupt (damaged schema); {_FIX.format(path=path)}"
+            ) from None
         except BaseException:
             db.close()
             raise
@@ -473,7 +479,15 @@ class Store:
             return self._load()
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
-        except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException) as exc:
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+            IndexError,
+            OverflowError,
+            UnicodeDecodeError,
+            msgpack.UnpackException,
+        ) as exc:
             raise JournalError(
                 f"the pilot journal {self.path} holds a record this pilot cannot read ({type(exc).__name__}: {exc}); "
                 f"{_FIX.format(path=self.path)}"

@@ -6,12 +6,13 @@ The client builds the dict with :meth:`JobDescription.to_wire`; the daemon rebui
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 LAUNCHERS: Final = ("single", "multiple", "mpirun", "srun")
-_NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: "$" would let a final newline in
 _MAX_STR: Final = 1 << 20
 _MAX_ITEMS: Final = 1 << 16
 
@@ -101,13 +102,15 @@ class JobDescription:
             )
         env = _str_map(raw, "environment")
         for k in env:
-            if not _NAME_RE.match(k):
+            if not _NAME_RE.fullmatch(k):
                 raise DescriptionError(f"JobSpec.environment name {k!r} is not a valid variable name")
         duration = raw.get("duration")
         if duration is not None:
             if isinstance(duration, bool) or not isinstance(duration, int | float) or not duration > 0:
                 raise DescriptionError("JobAttributes.duration must be a positive number of seconds")
             duration = float(duration)
+            if not math.isfinite(duration):  # agents refuse such a walltime; no job runs forever
+                raise DescriptionError("JobAttributes.duration must be a finite number of seconds")
         custom = raw.get("custom_attributes") or {}
         if not isinstance(custom, dict) or not all(isinstance(k, str) for k in custom):
             raise DescriptionError("JobAttributes.custom_attributes must be a map with string keys")

@@ -51,8 +51,8 @@ class NodeConfigured:
             raise wire.ProtocolError(f"node {node.name!r} reports no processors")
         if len(set(node.processors)) != len(node.processors) or min(node.processors) < 0:
             raise wire.ProtocolError(f"node {node.name!r} reports duplicate or negative processor ids")
-        if len(set(node.gpus)) != len(node.gpus):
-            raise wire.ProtocolError(f"node {node.name!r} reports duplicate GPU ids")
+        if len(set(node.gpus)) != len(node.gpus) or min(node.gpus, default=0) < 0:
+            raise wire.ProtocolError(f"node {node.name!r} reports duplicate or negative GPU ids")
         if node.memory < 0:
             raise wire.ProtocolError(f"node {node.name!r} reports negative memory")
         return node

@@ -5,6 +5,7 @@ Launchers (in the daemon) turn a placed job into process orders; agents only spa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
@@ -65,6 +66,10 @@ class ProcessOrder:
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in m.items()):
                 raise wire.ProtocolError("environments must map strings to strings")
         hosts = raw.get("nodefile_hosts")
+        walltime = wire.opt_field(raw, "walltime", (int, float))
+        if walltime is not None and not (walltime > 0 and math.isfinite(walltime)):
+            # NaN would break the agent's timer heap; 0 or less kills at once: no daemon sends them.
+            raise wire.ProtocolError(f"walltime {walltime!r} is not a positive number of seconds")
         return cls(
             job_id=wire.field(raw, "job_id", str),
             slot=wire.field(raw, "slot", int),
@@ -82,7 +87,7 @@ class ProcessOrder:
             truncate_output=wire.field(raw, "truncate_output", bool),
             cores=wire.int_list(raw, "cores"),
             gpus=wire.int_list(raw, "gpus"),
-            walltime=wire.opt_field(raw, "walltime", (int, float)),
+            walltime=walltime,
             rank_environment=rank_env,
             nodefile_hosts=None if hosts is None else wire.str_list(raw, "nodefile_hosts"),
             script=wire.opt_field(raw, "script", str),
