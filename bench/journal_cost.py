@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pilot.jobs import ProcessResult
+from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import PlannedProcess
 from pilot.model.job_description import JobDescription, ResourceRequest
 from pilot.model.job_state import JobState
@@ -72,16 +72,18 @@ def main(tmp_path: Path) -> None:
                 for i, jid in enumerate(ids):
                     tx.job_accepted(jid, b * 1000 + i + 1, raw, 1.0)
             with store.batch() as tx:
-                for jid in ids:
-                    tx.placed(jid, [RankPlacement("n0", [0], [], 0)])
-                    tx.job_progress(jid, phase="ranks", started=2.0)
-                    tx.state_changed(jid, JobState.ACTIVE, 2.0)
-                    tx.process_dispatched(jid, PlannedProcess("n0", _order(jid, 0), [0]))
+                jobs = [JobRecord(id=jid, description=_desc(), submitted=1.0) for jid in ids]
+                for job in jobs:
+                    job.state, job.state_time, job.phase, job.started = JobState.ACTIVE, 2.0, "ranks", 2.0
+                    job.ranks = [RankPlacement("n0", [0], [], 0)]
+                    tx.job_update(job, placed=True)
+                    tx.process_dispatched(job.id, PlannedProcess("n0", _order(job.id, 0), [0]))
             with store.batch() as tx:
-                for jid in ids:
-                    tx.process_result(jid, 0, ProcessResult("n0", "rank", exit_code=0, data={"max_rss": 1}))
-                    tx.job_progress(jid, phase="done", started=2.0, ended=3.0)
-                    tx.state_changed(jid, JobState.COMPLETED, 3.0, exit_code=0, metadata={"wall_duration": 1.0})
+                for job in jobs:
+                    tx.process_result(job.id, 0, ProcessResult("n0", "rank", exit_code=0, data={"max_rss": 1}))
+                    job.state, job.state_time, job.phase, job.ended = JobState.COMPLETED, 3.0, "done", 3.0
+                    job.exit_code, job.metadata = 0, {"wall_duration": 1.0}
+                    tx.job_update(job)
         dt = time.perf_counter() - t0
     lines.append(f"journal: whole job lifecycle (accept..COMPLETED), batches of 1000: {total / dt:10,.0f} jobs/s")
     print("\n".join(lines))

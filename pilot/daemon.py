@@ -227,21 +227,7 @@ class Daemon:
         tx = self._tx
         placed = self._placed
         for job in self._dirty:
-            tx.job_update(
-                job.id,
-                state=job.state,
-                state_time=job.state_time,
-                exit_code=job.exit_code,
-                message=job.message,
-                metadata=job.metadata if job.final else None,
-                phase=job.phase,
-                started=job.started,
-                ended=job.ended,
-                cancel_reason=job.cancel_reason,
-                closing=job.closing,
-                attempt=job.attempt,
-                ranks=job.ranks if job in placed else None,
-            )
+            tx.job_update(job, placed=job in placed)
         for job, slot, result in self._new_results:
             if not job.final:  # a final job's Delivered is in its row: its process results are not needed
                 tx.process_result(job.id, slot, result)
@@ -446,10 +432,12 @@ class Daemon:
             log.warning("dropped client message", reason=f"{len(frames) - 1} payload frames, expected 1")
             return
         ident, payload = frames
-        if self._parked or (self._unfinished() >= self.config.pilot.max_queued and _is_submit(payload)):
-            if _is_submit(payload):
-                self._park(ident, payload)
-                return
+        if _is_submit(payload) and (self._parked or self._unfinished() >= self.config.pilot.max_queued):
+            self._park(ident, payload)  # behind those already held: submits are served in order
+            return
+        self._serve_client(ident, payload)
+
+    def _serve_client(self, ident: bytes, payload: bytes) -> None:
         try:
             msg = wire.decode(payload, allowed=wire.CLIENT_KINDS)
             rid = wire.field(msg.body, "rid", int)
@@ -506,9 +494,7 @@ class Daemon:
             if self._unfinished() < limit:
                 self._parked.popleft()
                 self._parked_bytes -= len(payload)
-                parked, self._parked = self._parked, deque()  # handle it, not park it again
-                self._on_client([ident, payload])
-                self._parked = parked
+                self._serve_client(ident, payload)
             elif now - t > _PARK_SECONDS:
                 self._parked.popleft()
                 self._parked_bytes -= len(payload)
@@ -1220,16 +1206,13 @@ class Daemon:
                 self._agents_sock,
                 [ident_of(node), wire.encode(wire.Kind.LAUNCH, {"orders": batch_orders})],
             )
-        if self._held_events:
-            self._merge_held(events)
+        held_since = self._merge_held(events) if self._held_events else {}
         for ident, evs in events.items():
             sent = _send(self._clients, [ident, wire.encode(wire.Kind.EVENTS, {"events": list(evs.values())})])
-            if sent is not False:
-                self._held_events.pop(ident, None)  # sent, or the client is gone
-            else:
+            if sent is False:
                 # The client is not reading fast enough: keep its statuses, one per job (the newest), and
                 # send them with the next flush -- coalesced, never lost, never more than one per job.
-                self._held_events[ident] = (self._held_events.get(ident, (time.monotonic(), {}))[0], evs)
+                self._held_events[ident] = (held_since.get(ident, time.monotonic()), evs)
         if self._retired:
             for job in self._retired:
                 if job.final and not job.processes:
@@ -1238,19 +1221,19 @@ class Daemon:
         self._progress.set()
         self._progress = anyio.Event()
 
-    def _merge_held(self, events: dict[bytes, dict[str, Any]]) -> None:
+    def _merge_held(self, events: dict[bytes, dict[str, Any]]) -> dict[bytes, float]:
+        """Put the statuses held for slow clients back in front of this flush's (a newer status of the
+        same job wins); returns since when each client's were held. Held too long: dropped."""
         held, self._held_events = self._held_events, {}
         now = time.monotonic()
-        for ident, (since, evs) in held.items():
-            if now - since > _HOLD_SECONDS:
+        since: dict[bytes, float] = {}
+        for ident, (t, evs) in held.items():
+            if now - t > _HOLD_SECONDS:
                 log.warning("client not reading its job statuses; dropped them", jobs=len(evs), seconds=_HOLD_SECONDS)
                 continue
-            newer = events.get(ident)
-            merged = dict(evs)
-            if newer:
-                merged.update(newer)
-            events[ident] = merged
-            self._held_events[ident] = (since, {})  # keeps 'since' if the send fails again
+            events[ident] = evs | events.get(ident, {})
+            since[ident] = t
+        return since
 
     async def _until(self, predicate: Callable[[], bool]) -> None:
         """Wait for ``predicate``, re-checked after every flush (every burst of messages)."""

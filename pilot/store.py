@@ -151,20 +151,14 @@ class Batch:
         "_envs",
         "_meta",
         "_nodes",
-        "_placed",
-        "_progress",
         "_requeued",
         "_results",
         "_seq",
-        "_states",
         "_updates",
     )
 
     def __init__(self) -> None:
         self._accepted: list[tuple[Any, ...]] = []
-        self._states: list[tuple[Any, ...]] = []
-        self._progress: list[tuple[Any, ...]] = []
-        self._placed: list[tuple[Any, ...]] = []
         self._dispatched: list[tuple[Any, ...]] = []
         self._results: list[tuple[Any, ...]] = []
         self._envs: list[tuple[Any, ...]] = []
@@ -191,78 +185,33 @@ class Batch:
         if seq > self._seq:
             self._seq = seq
 
-    def state_changed(
-        self,
-        job_id: str,
-        state: JobState,
-        t: float,
-        *,
-        exit_code: int | None = None,
-        message: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> None:
-        """A state change; final ones carry the exit code, message and Delivered metadata."""
-        meta = _pack(dict(metadata)) if metadata else None
-        self._states.append((state.value, t, exit_code, message, meta, job_id))
-
-    def job_progress(
-        self,
-        job_id: str,
-        *,
-        phase: str,
-        started: float | None = None,
-        ended: float | None = None,
-        cancel_reason: str | None = None,
-        closing: bool = False,
-        attempt: int = 0,
-    ) -> None:
-        """The job's phase and timing (``JobRecord.phase/started/ended/cancel_reason/closing/attempt``) as
-        they are now: what a restarted daemon needs to finish the job's lifecycle and its Delivered."""
-        self._progress.append((phase, started, ended, cancel_reason, int(closing), attempt, job_id))
-
-    def job_update(
-        self,
-        job_id: str,
-        *,
-        state: JobState,
-        state_time: float,
-        exit_code: int | None,
-        message: str | None,
-        metadata: Mapping[str, Any] | None,
-        phase: str,
-        started: float | None,
-        ended: float | None,
-        cancel_reason: str | None,
-        closing: bool,
-        attempt: int,
-        ranks: Sequence[RankPlacement] | None = None,
-    ) -> None:
-        """Everything :meth:`state_changed`, :meth:`job_progress` and :meth:`placed` record, in one row
-        update: the daemon's per-flush form (one statement per changed job). ``ranks`` None keeps them."""
-        meta = _pack(dict(metadata)) if metadata else None
-        packed = _pack_ranks(ranks) if ranks is not None else None
+    def job_update(self, job: JobRecord, *, placed: bool = False) -> None:
+        """The job's row as it is now: state (and, once final, exit code, message and Delivered), phase,
+        timing, cancel reason, attempt; its placement too when ``placed`` (it changed). One statement per
+        changed job per flush, whatever changed."""
+        meta = _pack(dict(job.metadata)) if job.final and job.metadata else None
+        ranks = _pack_ranks(job.ranks) if placed else None
         self._updates.append(
             (
-                state.value,
-                state_time,
-                exit_code,
-                message,
+                job.state.value,
+                job.state_time,
+                job.exit_code,
+                job.message,
                 meta,
-                phase,
-                started,
-                ended,
-                cancel_reason,
-                int(closing),
-                attempt,
-                packed,
-                job_id,
+                job.phase,
+                job.started,
+                job.ended,
+                job.cancel_reason,
+                int(job.closing),
+                job.attempt,
+                ranks,
+                job.id,
             )
         )
 
     def job_requeued(self, job_id: str) -> None:
         """The job goes back to the queue for another attempt: its placement, processes and results so
         far are forgotten (changes for it earlier in this batch included), the new attempt's are kept."""
-        self._placed = [t for t in self._placed if t[-1] != job_id]
         self._updates = [(*t[:-2], None, t[-1]) if t[-1] == job_id else t for t in self._updates]
         self._envs = [t for t in self._envs if t[-1] != job_id]
         self._dispatched = [t for t in self._dispatched if t[0] != job_id]
@@ -276,10 +225,6 @@ class Batch:
     def meta(self, key: str, value: Any) -> None:
         """A daemon-wide value (msgpack-able) kept across restarts."""
         self._meta.append((key, _pack(value)))
-
-    def placed(self, job_id: str, ranks: Sequence[RankPlacement]) -> None:
-        """Where the job's ranks went when it started (their slots are taken again on recovery)."""
-        self._placed.append((_pack_ranks(ranks), job_id))
 
     def process_dispatched(
         self, job_id: str, plan: PlannedProcess, *, order_wire: Mapping[str, Any] | None = None
@@ -345,8 +290,6 @@ class Batch:
                 "ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
                 (self._seq,),
             )
-        if self._placed:
-            db.executemany("UPDATE jobs SET ranks = ? WHERE id = ?", self._placed)
         if self._envs:
             db.executemany("UPDATE jobs SET environment = ?, unset = ? WHERE id = ?", self._envs)
         if self._dispatched:
@@ -359,17 +302,6 @@ class Batch:
                 "started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ?, ranks = coalesce(?, ranks) "
                 "WHERE id = ?",
                 self._updates,
-            )
-        if self._progress:
-            db.executemany(
-                "UPDATE jobs SET phase = ?, started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ? "
-                "WHERE id = ?",
-                self._progress,
-            )
-        if self._states:
-            db.executemany(
-                "UPDATE jobs SET state = ?, state_time = ?, exit_code = ?, message = ?, metadata = ? WHERE id = ?",
-                self._states,
             )
         if self._alloc is not None:
             db.execute("INSERT OR REPLACE INTO allocation VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self._alloc)
@@ -385,9 +317,6 @@ class Batch:
     def empty(self) -> bool:
         return not (
             self._accepted
-            or self._states
-            or self._progress
-            or self._placed
             or self._dispatched
             or self._results
             or self._envs

@@ -66,15 +66,20 @@ class Pilot:
         except psutil.TimeoutExpired:
             assert proc.status() == psutil.STATUS_ZOMBIE, "the SIGKILLed daemon did not die"
 
-    def up_again(self) -> None:
-        """``pilot up`` on the same run directory and config: a daemon that resumes from the journal."""
-        proc = subprocess.run(
-            [PYTHON, "-m", "pilot", "up", "--config", str(self.config), "--rundir", str(self.rundir.path)],
+    def up(self, *, foreground: bool = False) -> subprocess.CompletedProcess[str]:
+        """``pilot up`` on this pilot's run directory and config (``--foreground``: until it exits)."""
+        flags = ["--foreground"] if foreground else []
+        return subprocess.run(
+            [PYTHON, "-m", "pilot", "up", *flags, "--config", str(self.config), "--rundir", str(self.rundir.path)],
             env=self.env,
             capture_output=True,
             text=True,
             timeout=60,
         )
+
+    def up_again(self) -> None:
+        """``pilot up`` on the same run directory and config: a daemon that resumes from the journal."""
+        proc = self.up()
         assert proc.returncode == 0, f"pilot up (restart) failed: {proc.stdout}\n{proc.stderr}"
 
 

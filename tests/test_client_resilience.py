@@ -101,15 +101,7 @@ class Restartable:
         if forget_jobs:
             for suffix in ("", "-wal", "-shm"):
                 (self.pilot.rundir.path / f"{JOURNAL_FILE}{suffix}").unlink(missing_ok=True)
-        p = self.pilot
-        proc = subprocess.run(
-            [PYTHON, "-m", "pilot", "up", "--config", str(p.config), "--rundir", str(p.rundir.path)],
-            env=p.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert proc.returncode == 0, f"pilot up (restart) failed: {proc.stdout}\n{proc.stderr}"
+        self.pilot.up_again()
 
 
 @pytest.fixture

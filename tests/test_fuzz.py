@@ -42,7 +42,7 @@ from agent.agent import Agent
 from pilot import config, lrm, wire
 from pilot.formats import read_job, read_nodes, write_job
 from pilot.formats.xml import MAX_DEPTH
-from pilot.jobs import ProcessResult
+from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import PlannedProcess
 from pilot.lrm._batch import COMMON_OPTIONS
 from pilot.lrm.base import Allocation, AllocationState
@@ -869,16 +869,19 @@ def _write_journal(path: Path) -> None:
                 tx.job_accepted(str(i), i, desc, float(i))
             tx.allocation(alloc)
         with store.batch() as tx:
-            tx.placed("1", [RankPlacement("n0", [0], [0], 100)])
-            tx.job_progress("1", phase="ranks", started=2.0)
-            tx.state_changed("1", JobState.ACTIVE, 2.0)
+            running = JobRecord(id="1", description=desc, submitted=1.0, state=JobState.ACTIVE, phase="ranks")
+            running.started, running.ranks = 2.0, [RankPlacement("n0", [0], [0], 100)]
+            tx.job_update(running, placed=True)
             tx.process_dispatched("1", PlannedProcess("n0", order, [0]))
-            tx.placed("2", [RankPlacement("n0", [1], [], 0)])
-            tx.job_progress("2", phase="pre", started=3.0)
+            pre = JobRecord(id="2", description=desc, submitted=2.0, phase="pre")
+            pre.started, pre.ranks = 3.0, [RankPlacement("n0", [1], [], 0)]
+            tx.job_update(pre, placed=True)
             tx.process_dispatched("2", PlannedProcess("n0", ProcessOrder("2", PRE, "pre", "/bin/sh"), []))
             tx.pre_launch_environment("2", {"B": "2"}, ["C"])
             tx.process_result("3", 0, ProcessResult("n0", "rank", exit_code=1, data={"max_rss": 5}))
-            tx.state_changed("3", JobState.FAILED, 4.0, exit_code=1, message="boom", metadata={"wall_duration": 1})
+            failed = JobRecord(id="3", description=desc, submitted=3.0, state=JobState.FAILED, state_time=4.0)
+            failed.exit_code, failed.message, failed.metadata = 1, "boom", {"wall_duration": 1}
+            tx.job_update(failed)
 
 
 #: Exceptions other than JournalError the journal reader may let escape: none (fuzzing found

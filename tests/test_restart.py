@@ -5,7 +5,6 @@ are real processes that outlive the daemon; the journal is the real SQLite file.
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -91,7 +90,7 @@ def test_sigkill_daemon_with_200_jobs_in_mixed_states(start_pilot: Callable[...,
         jobs[name].wait(timeout=30)
     # Running across the restart: two end while the daemon is down, two after it is back.
     for i in range(2):
-        submit(f"ends-while-down-{i}", "sleep 1.5", psij.JobState.COMPLETED, 0)
+        submit(f"ends-while-down-{i}", f"sleep 1.5; touch {marks}/ended-{i}", psij.JobState.COMPLETED, 0)
     for i in range(2):
         submit(
             f"ends-after-{i}",
@@ -119,7 +118,8 @@ def test_sigkill_daemon_with_200_jobs_in_mixed_states(start_pilot: Callable[...,
 
     p.kill9()
     assert all(a.is_running() for a in agents), "the agents outlive their daemon"
-    time.sleep(2.5)  # the two short ones end while no daemon is there
+    # The two short ones end while no daemon is there.
+    wait_for(lambda: all((marks / f"ended-{i}").exists() for i in range(2)), 20, "the short ones to end")
     p.up_again()
 
     ex2 = p.executor()
@@ -199,13 +199,7 @@ def test_journal_in_use_and_damaged_journal_give_clear_errors(start_pilot: Calla
     agents_active(ex, 1)
     pid = p.pid
     # A second daemon on the same run directory is refused by the lock before it touches the journal.
-    proc = subprocess.run(
-        [PYTHON, "-m", "pilot", "up", "--foreground", "--config", str(p.config), "--rundir", str(p.rundir.path)],
-        env=p.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = p.up(foreground=True)
     assert proc.returncode != 0 and "already running" in proc.stderr, proc.stderr
     assert psutil.Process(pid).is_running()
     agents = _agents(p)
@@ -215,13 +209,7 @@ def test_journal_in_use_and_damaged_journal_give_clear_errors(start_pilot: Calla
     (p.rundir.path / JOURNAL_FILE).write_bytes(b"this is not a journal" * 100)
     for suffix in ("-wal", "-shm"):
         (p.rundir.path / f"{JOURNAL_FILE}{suffix}").unlink(missing_ok=True)
-    proc = subprocess.run(
-        [PYTHON, "-m", "pilot", "up", "--foreground", "--config", str(p.config), "--rundir", str(p.rundir.path)],
-        env=p.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = p.up(foreground=True)
     assert proc.returncode == 1
     assert "journal" in proc.stderr and "mv " in proc.stderr, proc.stderr
 

@@ -9,10 +9,11 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pilot.jobs import ProcessResult
+from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import PlannedProcess
 from pilot.lrm.base import Allocation, AllocationState
 from pilot.model.job_description import JobDescription, ResourceRequest
@@ -34,6 +35,14 @@ def _desc(i: int = 0) -> JobDescription:
         custom_attributes={"x": [1, 2]},
         duration=30.0,
     )
+
+
+def _job(jid: str, description: JobDescription, submitted: float, **fields: Any) -> JobRecord:
+    """A job record as the daemon holds it, for Batch.job_update."""
+    job = JobRecord(id=jid, description=description, submitted=submitted)
+    for name, value in fields.items():
+        setattr(job, name, value)
+    return job
 
 
 def _order(job_id: str, slot: int) -> ProcessOrder:
@@ -63,21 +72,33 @@ def test_round_trip_every_record_kind(tmp_path: Path) -> None:
             tx.job_accepted("3", 3, _desc(3), 12.0)
             tx.allocation(alloc)
         with store.batch() as tx:
-            tx.placed("1", ranks)
-            tx.job_progress("1", phase="ranks", started=20.0)
-            tx.state_changed("1", JobState.ACTIVE, 20.0)
+            tx.job_update(
+                _job(
+                    "1",
+                    _desc(1),
+                    10.0,
+                    state=JobState.ACTIVE,
+                    state_time=20.0,
+                    phase="ranks",
+                    started=20.0,
+                    ranks=ranks,
+                ),
+                placed=True,
+            )
             tx.process_dispatched("1", PlannedProcess("n0", _order("1", 0), [0]))
             tx.process_dispatched("1", PlannedProcess("n0", _order("1", 1), [1]))
             tx.process_result(
                 "1", 0, ProcessResult("n0", "rank", exit_code=0, data={"max_rss": 5, "user_cpu_time": 0.5})
             )
-            tx.placed("2", ranks[:1])
-            tx.job_progress("2", phase="pre", started=21.0)
+            tx.job_update(
+                _job("2", _desc(2), 11.0, state_time=11.0, phase="pre", started=21.0, ranks=ranks[:1]), placed=True
+            )
             tx.process_dispatched("2", PlannedProcess("n0", _order("2", PRE), []))
             tx.pre_launch_environment("2", {"B": "2"}, ["C"])
             meta = {"wall_duration": 1.5, "nodes": ["n0"], "exit_code": 1, "signal": None}
-            tx.job_progress("3", phase="done", started=1.0, ended=2.5, cancel_reason=None, closing=True)
-            tx.state_changed("3", JobState.FAILED, 30.0, exit_code=1, message="boom", metadata=meta)
+            j3 = _job("3", _desc(3), 12.0, state=JobState.FAILED, state_time=30.0, phase="done", started=1.0, ended=2.5)
+            j3.closing, j3.exit_code, j3.message, j3.metadata = True, 1, "boom", meta
+            tx.job_update(j3)
             tx.process_result("3", 0, ProcessResult("n0", "rank", exit_code=1, signal=None, reason="walltime"))
     with Store.open(path) as store:
         rec = store.load()
@@ -122,7 +143,7 @@ def test_batch_that_raises_is_rolled_back(tmp_path: Path) -> None:
             tx.job_accepted("1", 1, _desc(), 1.0)
         with pytest.raises(RuntimeError, match="midway"), store.batch() as tx:
             tx.job_accepted("2", 2, _desc(), 2.0)
-            tx.state_changed("1", JobState.CANCELED, 3.0, message="no")
+            tx.job_update(_job("1", _desc(), 1.0, state=JobState.CANCELED, state_time=3.0, message="no"))
             raise RuntimeError("midway")
         # A failure inside SQL (duplicate id) also leaves nothing of its batch.
         with pytest.raises(JournalError), store.batch() as tx:
@@ -137,6 +158,7 @@ def test_batch_that_raises_is_rolled_back(tmp_path: Path) -> None:
 _CHILD = r"""
 import os, sys
 from pilot.model.job_description import JobDescription
+from pilot.jobs import JobRecord
 from pilot.model.job_state import JobState
 from pilot.store import Store
 
@@ -149,7 +171,8 @@ for b in range(n):
             seq += 1
             tx.job_accepted(str(seq), seq, JobDescription(executable="/bin/true"), 1.0)
         if seq > per:
-            tx.state_changed(str(seq - per), JobState.ACTIVE, 2.0)
+            old = str(seq - per)
+            tx.job_update(JobRecord(id=old, description=JobDescription(executable="/bin/true"), state=JobState.ACTIVE))
     print(seq, flush=True)
 os.kill(os.getpid(), 9)
 """
@@ -264,7 +287,7 @@ def test_explicit_commit_of_a_kept_batch(tmp_path: Path) -> None:
         tx = Batch()
         store.commit(tx)  # an empty batch writes nothing
         tx.job_accepted("7", 7, _desc(), 1.0)
-        tx.state_changed("7", JobState.CANCELED, 2.0, message="canceled while queued")
+        tx.job_update(_job("7", _desc(), 1.0, state=JobState.CANCELED, state_time=2.0, message="canceled while queued"))
         store.commit(tx)
         rec = store.load()
     assert [(j.id, j.state, j.message) for j in rec.jobs] == [("7", JobState.CANCELED, "canceled while queued")]
