@@ -8,6 +8,7 @@ spawner/reaper threads, or the next timer.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import os
 import signal
@@ -20,16 +21,21 @@ import anyio
 import structlog
 import zmq
 
+from agent import probe
 from agent.processes import Key, ProcessEngine
+from agent.simulated import NullEngine
 from pilot import wire
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
-from pilot.security import Credentials, secure_client
+from pilot.security import Credentials, secure_client, watch_handshakes
 from pilot.transport import Waiter, drain
 
 log = structlog.get_logger("agent")
 
 _ALLOWED = wire.TO_AGENT_KINDS | {wire.Kind.HEARTBEAT}
+#: Measurements shared by the agents of one process (see ``Agent._measures``): key -> (when, values).
+_SHARED_MEASURES: dict[tuple[tuple[int, ...], str], tuple[float, tuple[dict[str, float], dict[str, float]]]] = {}
+_SHARED_MEASURES_TTL = 1.0
 
 
 class Agent:
@@ -44,22 +50,37 @@ class Agent:
         kill_grace: float = 2.0,
         cpu_map: dict[int, int] | None = None,
         credentials: Credentials | None = None,
+        launch: str = "spawn",
+        null_duration: float = 0.0,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
+        """``launch``: ``spawn`` runs the orders; ``null`` only simulates them (see
+        :mod:`agent.simulated`), each lasting ``null_duration`` seconds. ``context``: a ZeroMQ context
+        shared by the agents of the virtual nodes one process hosts (null launches only)."""
         self.node = node
         self._url = daemon_url
+        self._disk = str(workdir)
         self._heartbeat = heartbeat_interval
         self._orphan_timeout = orphan_timeout
         self._kill_grace = kill_grace
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._own_ctx = context is None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context() if context is None else context
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.IDENTITY, node.name.encode())
         self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         self._sock.setsockopt(zmq.LINGER, 2000)
+        self._curve = credentials is not None
         if credentials is not None:
             secure_client(self._sock, credentials)  # pins the daemon's key: an impostor cannot answer
         self._waiter = Waiter()
         self._waiter.add(self._sock)
-        self._engine = ProcessEngine(node=node, workdir=workdir, notify=self._waiter.poke, cpu_map=cpu_map)
+        self._engine: ProcessEngine | NullEngine
+        if launch == "spawn":
+            self._engine = ProcessEngine(node=node, workdir=workdir, notify=self._waiter.poke, cpu_map=cpu_map)
+        elif launch == "null":
+            self._engine = NullEngine(duration=null_duration)
+        else:
+            raise ValueError(f"launch must be 'spawn' or 'null', not {launch!r}")
         self._out: list[bytes] = []
         #: Task events sent but not yet acknowledged by the daemon (it acknowledges once they are in its
         #: journal). They go again with the next REGISTER: a daemon restarted after a crash gets them all.
@@ -75,12 +96,21 @@ class Agent:
         self._done = False
 
     async def run(self) -> None:
-        self._sock.connect(self._url)
         self._engine.start()
-        log.info("agent started", node=self.node.name, daemon=self._url, cores=len(self.node.processors))
+        log.info(
+            "agent started",
+            node=self.node.name,
+            daemon=self._url,
+            cores=len(self.node.processors),
+            launch="null (simulated)" if isinstance(self._engine, NullEngine) else "spawn",
+        )
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._sample)
+                if self._curve:  # say why the daemon cannot be reached: an impostor on the port, a key refused
+                    await tg.start(functools.partial(watch_handshakes, self._sock, server=False))
+                self._sock.connect(self._url)
+                if isinstance(self._engine, ProcessEngine):
+                    tg.start_soon(self._sample)
                 await self._loop()
                 tg.cancel_scope.cancel()
         finally:
@@ -91,7 +121,8 @@ class Agent:
             self._queue(wire.Kind.BYE, {"node": self.node.name})
             self._send_out()
             self._sock.close(linger=1000)
-            self._ctx.term()
+            if self._own_ctx:
+                self._ctx.term()
             self._waiter.close()
             log.info("agent stopped", node=self.node.name)
 
@@ -100,8 +131,9 @@ class Agent:
             for frames in drain(self._sock, 1024):
                 self._last_heard = time.monotonic()
                 self._receive(frames)
-            self._forward()
             now = time.monotonic()
+            self._engine.poll(now)
+            self._forward()
             self._tick(now)
             self._send_out()
             if self._done:
@@ -204,6 +236,9 @@ class Agent:
         when = self._next_beat
         if self._timers:
             when = min(when, self._timers[0][0])
+        engine = self._engine.next_deadline()
+        if engine is not None:
+            when = min(when, engine)
         if self._stopping:
             when = min(when, self._stop_deadline)
         return when
@@ -211,9 +246,16 @@ class Agent:
     def _tick(self, now: float) -> None:
         if now >= self._next_beat:
             if self._registered:
+                values, utilized = self._measures(now)
                 self._queue(
                     wire.Kind.HEARTBEAT,
-                    {"time": time.time(), "running": len(self._engine.running()), "load": list(os.getloadavg())},
+                    {
+                        "time": time.time(),
+                        "running": len(self._engine.running()),
+                        "load": list(os.getloadavg()),
+                        "values": values,
+                        "utilized": utilized,
+                    },
                 )
                 self._next_beat = now + self._heartbeat
             else:
@@ -226,6 +268,7 @@ class Agent:
                         "running": [list(k) for k in running],
                         "events": [ev for _, chunk in self._unacked for ev in chunk],
                         "seq": self._seq,
+                        "values": probe.measures(self.node, disk_path=self._disk)[0],  # matchable from the start
                     },
                 )
                 self._next_beat = now + min(self._heartbeat, 0.5)
@@ -243,6 +286,19 @@ class Agent:
                 self._engine.kill(key, reason="killed", sig=signal.SIGKILL)
         if self._stopping:
             self._advance_stop(now)
+
+    def _measures(self, now: float) -> tuple[dict[str, float], dict[str, float]]:
+        """The node's load values and Utilized amounts. Agents sharing a process (simulated virtual
+        nodes) share one measurement per interval: a thousand of them would otherwise measure the same
+        machine a thousand times a second (and psutil's cpu_percent is per process, since its last call)."""
+        if self._own_ctx:
+            return probe.measures(self.node, disk_path=self._disk)
+        key = (tuple(self.node.processors), self._disk)
+        cached = _SHARED_MEASURES.get(key)
+        if cached is None or now - cached[0] >= _SHARED_MEASURES_TTL:
+            cached = (now, probe.measures(self.node, disk_path=self._disk))
+            _SHARED_MEASURES[key] = cached
+        return cached[1]
 
     def _begin_stop(self, reason: str) -> None:
         if self._stopping:

@@ -69,3 +69,59 @@ def spec_from_env() -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise ValueError("PILOT_NODE_SPEC must be a JSON object")
     return value
+
+
+def specs_from_env() -> list[dict[str, Any]] | None:
+    """The virtual nodes one agent process hosts (simulated launches only): a JSON array of node specs
+    in the file ``PILOT_NODE_SPECS_FILE`` names."""
+    path = os.environ.get("PILOT_NODE_SPECS_FILE")
+    if not path:
+        return None
+    value = json.loads(Path(path).read_text())
+    if not isinstance(value, list) or not value or not all(isinstance(v, dict) for v in value):
+        raise ValueError(f"{path} (PILOT_NODE_SPECS_FILE) must hold a non-empty JSON array of objects")
+    return value
+
+
+def measures(node: NodeConfigured, *, disk_path: str) -> tuple[dict[str, float], dict[str, float]]:
+    """This node's SGE load values (refreshed with every heartbeat, what matching compares against)
+    and its SSS Utilized amounts, measured with psutil. Cheap non-blocking calls only: it runs on the
+    agent's loop once per heartbeat."""
+    load1, load5, load15 = os.getloadavg()
+    n = max(1, len(node.processors))
+    vm = psutil.virtual_memory()
+    sw = psutil.swap_memory()
+    try:
+        du = psutil.disk_usage(disk_path)
+        disk_free, disk_used = float(du.free), float(du.used)
+    except OSError:
+        disk_free = disk_used = 0.0
+    values = {
+        "load_short": load1,
+        "load_medium": load5,
+        "load_long": load15,
+        "load_avg": load5,
+        "np_load_short": load1 / n,
+        "np_load_medium": load5 / n,
+        "np_load_long": load15 / n,
+        "np_load_avg": load5 / n,
+        "mem_free": float(vm.available),
+        "mem_used": float(vm.total - vm.available),
+        "swap_total": float(sw.total),
+        "swap_free": float(sw.free),
+        "swap_used": float(sw.used),
+        "virtual_total": float(vm.total + sw.total),
+        "virtual_free": float(vm.available + sw.free),
+        "virtual_used": float(vm.total - vm.available + sw.used),
+        "disk_free": disk_free,
+    }
+    cpus = psutil.cpu_percent(percpu=True)  # since the previous call: the heartbeat interval
+    real = {c for c in node.processors if c < len(cpus)}
+    busy = sum(cpus[c] for c in real) / 100.0 if real else sum(cpus) / 100.0
+    utilized = {
+        "processors": round(busy, 2),
+        "memory": float(vm.total - vm.available),
+        "swap": float(sw.used),
+        "disk": disk_used,
+    }
+    return values, utilized

@@ -1,17 +1,22 @@
 """Spawning and reaping, off the event loop.
 
-One spawner thread turns orders into processes (``Popen`` without a shell, vfork path, new session so
-the whole tree can be signalled, pinned by setting the spawning thread's own affinity, which the child
-inherits). One reaper thread blocks in ``wait4(-1)``, which gives each exit's rusage for Delivered. Both
-hand events to the loop through a list and a self-pipe, so a burst of exits costs one wake-up.
+Spawner threads turn orders into processes (``Popen`` without a shell, vfork path, new session so the
+whole tree can be signalled, pinned by the spawning thread's own affinity, which the child inherits):
+one per real cpu that one-cpu orders use, pinned to it once and for all, and one general spawner that
+sets its affinity around each order that spans several cpus. One reaper thread blocks in
+``wait4(-1)``, which gives each exit's rusage for Delivered. All hand events to the loop through a
+list and a self-pipe, so a burst of exits costs one wake-up.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import resource
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -40,7 +45,8 @@ _POST_SCRIPT: Final = '. "$1"'
 @dataclass(slots=True)
 class Running:
     order: ProcessOrder
-    popen: subprocess.Popen[bytes]
+    pid: int
+    popen: subprocess.Popen[bytes] | None  # only when started through Popen (rlimits, no thread cwd)
     started: float  # wall clock
     started_mono: float
     env_file: str | None = None
@@ -76,7 +82,10 @@ class ProcessEngine:
         self._cpu_map = cpu_map or {}
         self._workdir = workdir
         self._notify = notify
-        self._orders: SimpleQueue[ProcessOrder | None] = SimpleQueue()
+        self._orders: SimpleQueue[ProcessOrder | None] = SimpleQueue()  # the general spawner's
+        #: One spawner per real cpu that one-cpu orders ran on, pinned to it once: setting the spawning
+        #: thread's affinity per order migrates it first (~150 us, the GIL held), for every task.
+        self._pinned: dict[int, tuple[SimpleQueue[ProcessOrder | None], threading.Thread]] = {}
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._by_pid: dict[int, Running] = {}
@@ -92,7 +101,12 @@ class ProcessEngine:
         #: step that records its first event, so :meth:`snapshot` never misses a process.
         self._pending_keys: Counter[Key] = Counter()
         self._nodefiles: dict[tuple[str, ...], str] = {}
+        self._nodefiles_lock = threading.Lock()
         self._all_cpus = sorted(os.sched_getaffinity(0))
+        self._cwd = os.getcwd()  # the agent's; spawner threads each have their own (see _own_cwd)
+        self._devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        self._fds_sealed = 0.0  # monotonic time of the last _seal_fds
+        _seal_fds()
         self._base_env = environment.inherited()
         self._threads = [
             threading.Thread(target=self._spawn_loop, name="pilot-spawner", daemon=True),
@@ -121,6 +135,20 @@ class ProcessEngine:
             self._core_users[c] += 1
         self._pending_orders += 1
         self._pending_keys[(order.job_id, order.slot)] += 1
+        cpus = {self._cpu_map.get(c, c) for c in order.cores}
+        if len(cpus) == 1 and not self._stopping:
+            (cpu,) = cpus
+            pinned = self._pinned.get(cpu)
+            if pinned is None and len(self._pinned) < _MAX_PINNED and cpu in self._all_cpus:
+                queue: SimpleQueue[ProcessOrder | None] = SimpleQueue()
+                thread = threading.Thread(
+                    target=self._spawn_loop, args=(queue, cpu), name=f"pilot-spawner-{cpu}", daemon=True
+                )
+                pinned = self._pinned[cpu] = (queue, thread)
+                thread.start()
+            if pinned is not None:
+                pinned[0].put(order)
+                return
         self._orders.put(order)
 
     def _release(self, order: ProcessOrder) -> None:
@@ -136,6 +164,12 @@ class ProcessEngine:
                     else:
                         self._accept(w)
                 self._waiting = still
+
+    def poll(self, mono: float) -> None:
+        """Nothing to do at a given time: the spawner and reaper threads report by themselves."""
+
+    def next_deadline(self) -> float | None:
+        return None
 
     def drain(self) -> list[Event]:
         with self._lock:
@@ -162,7 +196,7 @@ class ProcessEngine:
                 notify = False
                 if run.reason is None:
                     run.reason = reason
-                pid = run.popen.pid
+                pid = run.pid
         if run is None:
             if notify:
                 self._notify()
@@ -215,7 +249,7 @@ class ProcessEngine:
             runs = [r for r in self._by_key.values() if now - r.started_mono > 1.0]
         for run in runs:
             try:
-                proc = psutil.Process(run.popen.pid)
+                proc = psutil.Process(run.pid)
                 rss = proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
@@ -226,20 +260,37 @@ class ProcessEngine:
         with self._lock:
             self._stopping = True
             self._cv.notify_all()
+            pinned = list(self._pinned.values())
         self._orders.put(None)
-        for t in self._threads:
+        for queue, _ in pinned:
+            queue.put(None)
+        threads = [*self._threads, *(thread for _, thread in pinned)]
+        for t in threads:
             t.join(timeout=10)
+        if not any(t.is_alive() for t in threads):
+            os.close(self._devnull)
 
     # -- spawner thread -------------------------------------------------------------------------
 
-    def _spawn_loop(self) -> None:
+    def _spawn_loop(self, queue: SimpleQueue[ProcessOrder | None] | None = None, cpu: int | None = None) -> None:
+        """Spawn the orders of ``queue`` (default: the general one) in order. With ``cpu``, this thread
+        runs on that cpu alone, so what it spawns inherits that pinning without a syscall per order."""
+        if queue is None:
+            queue = self._orders
+        if cpu is not None:
+            try:
+                os.sched_setaffinity(0, {cpu})
+            except OSError as exc:
+                log.warning("cannot pin a spawner thread; pinning per order", cpu=cpu, error=str(exc))
+                cpu = None
+        spawner = _Spawner(pinned=cpu is not None, own_cwd=_own_cwd())
         while True:
-            order = self._orders.get()
+            order = queue.get()
             if order is None:
                 return
             spawned = False
             try:
-                spawned = self._spawn(order)
+                spawned = self._spawn(order, spawner)
             except Exception as exc:  # never let one order kill the spawner
                 log.exception("spawn crashed", job=order.job_id, slot=order.slot)
                 self._emit(Event(order.job_id, order.slot, "failed", time.time(), {"message": f"agent error: {exc}"}))
@@ -253,16 +304,17 @@ class ProcessEngine:
                 if not spawned:
                     self._release(order)
 
-    def _spawn(self, order: ProcessOrder) -> bool:
-        """Start one order; True when a process now runs for it."""
+    def _spawn(self, order: ProcessOrder, spawner: _Spawner) -> bool:
+        """Start one order from a spawner thread; True when a process now runs for it."""
         key = (order.job_id, order.slot)
         with self._lock:
             cancelled = self._cancelled.pop(key, None)
         if cancelled is not None:
             self._emit(Event(order.job_id, order.slot, "exited", time.time(), {"reason": cancelled, "spawned": False}))
             return False
-        cwd = os.path.expanduser(order.directory) if order.directory else os.getcwd()
+        cwd = os.path.join(self._cwd, os.path.expanduser(order.directory)) if order.directory else self._cwd
         extra = dict(order.rank_environment)
+        extra["PILOT_NODE"] = self._node.name  # the node that really started it (SSS Task <Node>)
         if order.nodefile_hosts is not None:
             extra["PSIJ_NODEFILE"] = self._nodefile(order.nodefile_hosts)
         extra.update(environment.gpu_environment(order.gpus, node_has_gpus=bool(self._node.gpus)))
@@ -293,26 +345,36 @@ class ProcessEngine:
                 stderr = stdout
             else:
                 stderr = self._open(order.stderr_path, cwd, mode, files, "stderr_path")
-            pinned = bool(order.cores)
-            if pinned:
+            pin = bool(order.cores) and not spawner.pinned
+            if pin:
                 os.sched_setaffinity(0, {self._cpu_map.get(c, c) for c in order.cores})
             try:
                 t0, m0 = time.time(), time.monotonic()
-                popen = subprocess.Popen(
-                    argv,
-                    cwd=cwd,
-                    env=env,
-                    stdin=stdin,
-                    stdout=stdout,
-                    stderr=stderr,
-                    close_fds=True,
-                    start_new_session=True,
-                )
+                popen = None
+                if spawner.own_cwd and not order.rlimits:
+                    pid = self._posix_spawn(spawner, argv, cwd, env, (stdin, stdout, stderr))
+                else:
+                    popen = subprocess.Popen(
+                        argv,
+                        cwd=cwd,
+                        env=env,
+                        stdin=stdin,
+                        stdout=stdout,
+                        stderr=stderr,
+                        close_fds=True,
+                        start_new_session=True,
+                        preexec_fn=_limits(order.rlimits) if order.rlimits else None,
+                    )
+                    pid = popen.pid
             finally:
-                if pinned:
+                if pin:
                     os.sched_setaffinity(0, self._all_cpus)
         except _OpenError as exc:
             self._emit(Event(order.job_id, order.slot, "failed", time.time(), {"message": str(exc)}))
+            return False
+        except subprocess.SubprocessError as exc:  # a limit the kernel refused in the child
+            message = f"setting the ResourceLimits {order.rlimits} failed: {exc}"
+            self._emit(Event(order.job_id, order.slot, "failed", time.time(), {"message": message}))
             return False
         except OSError as exc:
             self._emit(
@@ -322,16 +384,37 @@ class ProcessEngine:
         finally:
             for fd in set(files):
                 os.close(fd)
-        run = Running(order, popen, t0, m0, env_file, env if env_file is not None else None)
+        run = Running(order, pid, popen, t0, m0, env_file, env if env_file is not None else None)
         with self._lock:
-            self._by_pid[popen.pid] = run
+            self._by_pid[pid] = run
             self._by_key[key] = run
-            early = self._early.pop(popen.pid, None)
+            early = self._early.pop(pid, None)
             self._cv.notify()
-        self._emit(Event(order.job_id, order.slot, "started", t0, {"pid": popen.pid}))
+        self._emit(Event(order.job_id, order.slot, "started", t0, {"pid": pid}))
         if early is not None:
-            self._finish(popen.pid, *early)
+            self._finish(pid, *early)
         return True
+
+    def _posix_spawn(
+        self, spawner: _Spawner, argv: list[str], cwd: str, env: dict[str, str], streams: tuple[int, int, int]
+    ) -> int:
+        """What ``Popen`` does for a task, for less than half its CPU: ``posix_spawn`` (vfork and exec,
+        the GIL released) in the task's directory (this thread's own cwd), new session, SIGPIPE and
+        SIGXFSZ back to default, only fds 0-2 inherited (every other fd is close-on-exec: _seal_fds),
+        the executable found in the task's own PATH."""
+        if spawner.cwd != cwd:
+            os.chdir(cwd)  # this thread's cwd only (_own_cwd)
+            spawner.cwd = cwd
+        now = time.monotonic()
+        if now - self._fds_sealed > _SEAL_INTERVAL:
+            self._fds_sealed = now
+            _seal_fds()
+        exe = argv[0]
+        path = exe if "/" in exe else _which(exe, env)
+        actions = [
+            (os.POSIX_SPAWN_DUP2, self._devnull if fd == subprocess.DEVNULL else fd, i) for i, fd in enumerate(streams)
+        ]
+        return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_SIGNALS)
 
     def _open(self, path: str | None, cwd: str, mode: str, files: list[int], what: str) -> int:
         """Open a task's stream file. Non-blocking, so a FIFO without a peer cannot wedge the spawner
@@ -364,11 +447,12 @@ class ProcessEngine:
 
     def _nodefile(self, hosts: list[str]) -> str:
         key = tuple(hosts)
-        path = self._nodefiles.get(key)
-        if path is None:
-            path = str(self._workdir / f"nodes-{len(self._nodefiles)}.txt")
-            Path(path).write_text("".join(h + "\n" for h in hosts))
-            self._nodefiles[key] = path
+        with self._nodefiles_lock:  # spawner threads (one per pinned cpu) share the files
+            path = self._nodefiles.get(key)
+            if path is None:
+                path = str(self._workdir / f"nodes-{len(self._nodefiles)}.txt")
+                Path(path).write_text("".join(h + "\n" for h in hosts))
+                self._nodefiles[key] = path
         return path
 
     # -- reaper thread --------------------------------------------------------------------------
@@ -398,7 +482,8 @@ class ProcessEngine:
                 return
             key = (run.order.job_id, run.order.slot)
         code = os.waitstatus_to_exitcode(status)
-        run.popen.returncode = code
+        if run.popen is not None:
+            run.popen.returncode = code  # reaped here: its Popen must not wait for it again
         data: dict[str, Any] = {
             "started": run.started,
             "exit_code": code if code >= 0 else None,
@@ -428,6 +513,11 @@ class ProcessEngine:
         self._notify()
 
 
+_SEAL_INTERVAL: Final = 1.0  # seconds between checks that no stray fd would leak into tasks
+_DEFAULT_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ)  # ignored by Python, default for tasks (as Popen)
+_CLONE_FS: Final = 0x00000200
+_MAX_PINNED: Final = 1024  # pinned spawner threads at most (one per real cpu used by one-cpu orders)
+
 _MODES: Final = {
     "rb": os.O_RDONLY,
     "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
@@ -437,6 +527,31 @@ _MODES: Final = {
 
 class _OpenError(Exception):
     pass
+
+
+def _limits(rlimits: list[list[Any]]) -> Callable[[], None]:
+    """SSS ResourceLimits, set in the child between fork and exec so they hold from the first
+    instruction (only orders that carry limits pay for the preexec path; the others keep vfork)."""
+    settings = []
+    for name, soft, hard in rlimits:
+        res = getattr(resource, name)
+        cur_soft, cur_hard = resource.getrlimit(res)
+        h = cur_hard if hard is None else (resource.RLIM_INFINITY if hard == -1 else hard)
+        sv = cur_soft if soft is None else (resource.RLIM_INFINITY if soft == -1 else soft)
+        if cur_hard != resource.RLIM_INFINITY and (h == resource.RLIM_INFINITY or h > cur_hard) and os.geteuid():
+            raise _OpenError(
+                f"ResourceLimit {name}: the hard limit {'unlimited' if hard == -1 else hard} is above this node's "
+                f"{cur_hard}, which only root may raise; ask for at most {cur_hard}"
+            )
+        if h != resource.RLIM_INFINITY and (sv == resource.RLIM_INFINITY or sv > h):
+            sv = h
+        settings.append((res, (sv, h)))
+
+    def apply() -> None:
+        for res, limits in settings:
+            resource.setrlimit(res, limits)
+
+    return apply
 
 
 def _read_env(path: str) -> dict[str, str] | None:
@@ -455,3 +570,53 @@ def _read_env(path: str) -> dict[str, str] | None:
             k, _, v = item.partition(b"=")
             env[k.decode(errors="replace")] = v.decode(errors="replace")
     return env
+
+
+@dataclass(slots=True)
+class _Spawner:
+    """One spawner thread's own state."""
+
+    pinned: bool  # the thread runs on exactly the cpus of the orders it gets
+    own_cwd: bool  # the thread has its own cwd (unshare CLONE_FS): tasks start by posix_spawn
+    cwd: str | None = None  # the thread's cwd, once it changed it
+
+
+def _own_cwd() -> bool:
+    """Give the calling thread its own cwd (Linux ``unshare(CLONE_FS)``), so it can chdir to a task's
+    directory and posix_spawn there without moving the other threads. False where that is refused."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_FS) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as exc:
+        log.warning("spawner thread cannot have its own cwd; starting tasks with Popen", error=str(exc))
+        return False
+    return True
+
+
+def _seal_fds() -> None:
+    """Make every fd above 2 close-on-exec (Python's own are; one inherited from the agent's parent or
+    made by a C library might not be), so posix_spawn passes a task only its 0-2, as Popen's close_fds."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 1024))
+    for fd in fds:
+        if fd > 2:
+            try:
+                if os.get_inheritable(fd):
+                    os.set_inheritable(fd, False)
+            except OSError:
+                pass  # closed meanwhile (or the listing's own fd)
+
+
+def _which(exe: str, env: dict[str, str]) -> str:
+    """``exe`` in the task's PATH, as Popen looks it up (unchanged when not found: the spawn then fails
+    with ENOENT, explained by ``_explain``)."""
+    for d in os.get_exec_path(env):
+        path = os.path.join(d, exe)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return exe

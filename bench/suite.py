@@ -3,7 +3,7 @@
     python -m bench [--quick] [--only NAME[,NAME]] [--repeat N] [--json FILE]
 
 Workloads (names for ``--only``): throughput, efficiency, roundtrip, depth, submit, scheduler, memory,
-multinode. Each one that needs a pilot starts an embedded local pilot the way a user would
+multinode, null. Each one that needs a pilot starts an embedded local pilot the way a user would
 (``client.JobExecutor.get_instance("pilot")`` with ``PILOT_CONFIG`` pointing at a private config, under a
 temporary ``PILOT_HOME``), and closes it before the next. Every wait is bounded; a workload that fails or
 times out prints ``error`` in its row and the suite goes on.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import client as psij
-from bench.throughput import pilot_rate, raw_spawn_rate
+from bench.throughput import APIS, pilot_rate, raw_spawn_rate
 
 med = statistics.median
 
@@ -105,14 +105,20 @@ def start_blocker(ex: psij.JobExecutor, timeout: float = 60.0) -> psij.Job:
     return blocker
 
 
-def submit_queued(ex: psij.JobExecutor, n: int, timeout: float) -> tuple[float, float, list[psij.Job]]:
-    """Submit n /bin/true jobs that stay queued; returns (seconds for the n submit() calls, seconds until
-    the daemon has accepted all of them (every job has its native id), jobs)."""
+def submit_queued(
+    ex: psij.JobExecutor, n: int, timeout: float, *, api: str = "submit_all"
+) -> tuple[float, float, list[psij.Job]]:
+    """Submit n /bin/true jobs that stay queued, with ``submit_all(jobs)`` or one ``submit(job)`` each;
+    returns (seconds for the call(s), seconds until the daemon has accepted all of them (every job has
+    its native id), jobs)."""
     spec = psij.JobSpec(executable="/bin/true")
     jobs = [psij.Job(spec) for _ in range(n)]
     t0 = time.perf_counter()
-    for j in jobs:
-        ex.submit(j)
+    if api == "submit_all":
+        ex.submit_all(jobs)
+    else:
+        for j in jobs:
+            ex.submit(j)
     t_submit = time.perf_counter() - t0
     deadline = t0 + timeout
     for j in reversed(jobs):  # replies come in order; the last one is nearly always the last to land
@@ -143,31 +149,37 @@ def journal_rate(per: int, total: int) -> float:
 # -- workloads ------------------------------------------------------------------------------------------------
 
 
-def w_throughput(home: Path, s: Sizes) -> Row:
+def w_throughput(home: Path, s: Sizes) -> list[Row]:
+    """The figure is for ``submit_all(jobs)``, how a workflow engine with thousands of jobs at hand
+    submits; one ``submit(job)`` per job is measured in the same runs, alternating, as a second row."""
     n = s.pick(1000, 10_000)
     raw: list[float] = []
-    pil: list[float] = []
+    pil: dict[str, list[float]] = {api: [] for api in APIS}
     failures = 0
     with pilot(home, "throughput", local_config()) as ex:
         for _ in range(s.repeat):
             raw.append(raw_spawn_rate(n))
-            rate, failed = pilot_rate(ex, n, timeout=max(120.0, n / 50))
-            pil.append(rate)
-            failures += failed
-    p, r = med(pil), med(raw)
-    return Row(
-        "throughput",
-        f"{n:,} x /bin/true via client, 1 node",
-        p,
-        "tasks/s",
-        r,
-        "raw spawn/s",
-        p / r,
-        ">= 0.6",
-        p / r >= 0.6,
-        f"{failures} failed",
-        {"pilot_per_s": pil, "raw_spawn_per_s": raw, "tasks": n},
-    )
+            for api in APIS:
+                rate, failed = pilot_rate(ex, n, timeout=max(120.0, n / 50), api=api)
+                pil[api].append(rate)
+                failures += failed
+    r = med(raw)
+    return [
+        Row(
+            "throughput" if api == "submit_all" else "throughput/submit",
+            f"{n:,} x /bin/true via client {api}(), 1 node",
+            med(pil[api]),
+            "tasks/s",
+            r,
+            "raw spawn/s",
+            med(pil[api]) / r,
+            ">= 0.6",
+            med(pil[api]) / r >= 0.6,
+            f"{api}(); {failures} failed (both APIs)",
+            {"pilot_per_s": pil[api], "raw_spawn_per_s": raw, "tasks": n, "api": api},
+        )
+        for api in APIS
+    ]
 
 
 def w_efficiency(home: Path, s: Sizes) -> Row:
@@ -184,7 +196,7 @@ def w_efficiency(home: Path, s: Sizes) -> Row:
     actual = med(spans)
     return Row(
         "efficiency",
-        f"{n} x sleep {dur} on {cores} cores",
+        f"{n} x sleep {dur} on {cores} cores, submit_all()",
         ideal / actual,
         "of ideal",
         ideal,
@@ -248,7 +260,7 @@ def w_depth(home: Path, s: Sizes) -> Row:
     h, low = med(hi), med(lo)
     return Row(
         "depth",
-        f"{big:,} up front vs {small:,}",
+        f"{big:,} up front vs {small:,}, submit_all()",
         h,
         f"tasks/s @{big // 1000}k",
         low,
@@ -261,32 +273,50 @@ def w_depth(home: Path, s: Sizes) -> Row:
     )
 
 
-def w_submit(home: Path, s: Sizes) -> Row:
+def w_submit(home: Path, s: Sizes) -> list[Row]:
+    """Jobs accepted per second with ``submit_all(jobs)`` (the figure; baseline: the journal alone in
+    transactions of 1,000, what the daemon does per request) and with one ``submit(job)`` per job
+    (second row; baseline: the journal in transactions of 1), alternating."""
     n = s.pick(5000, 20_000)
-    accepted: list[float] = []
-    calls: list[float] = []
-    journal: list[float] = []
+    accepted: dict[str, list[float]] = {api: [] for api in APIS}
+    calls: dict[str, list[float]] = {api: [] for api in APIS}
+    journal: dict[str, list[float]] = {api: [] for api in APIS}
+    batch = {"submit_all": 1000, "submit": 1}
     for _ in range(s.repeat):
-        journal.append(journal_rate(1, 2000))
-        with pilot(home, "submit", local_config(cores_per_node=1, backlog=0)) as ex:
-            start_blocker(ex)
-            t_submit, t_accept, _ = submit_queued(ex, n, timeout=max(120.0, n / 100))
-            calls.append(n / t_submit)
-            accepted.append(n / t_accept)
-    a, j = med(accepted), med(journal)
-    return Row(
-        "submit",
-        f"{n:,} queued jobs accepted by submit()",
-        a,
-        "jobs/s",
-        j,
-        "journal/s (batch 1)",
-        a / j,
-        ">= 20,000/s",
-        a >= 20_000,
-        f"submit() calls return at {med(calls):,.0f}/s",
-        {"accepted_per_s": accepted, "submit_calls_per_s": calls, "journal_batch1_per_s": journal, "jobs": n},
-    )
+        for api in APIS:
+            journal[api].append(journal_rate(batch[api], max(2000, batch[api] * 10)))
+        for api in APIS:  # a fresh pilot each: both start from an empty queue
+            with pilot(home, "submit", local_config(cores_per_node=1, backlog=0)) as ex:
+                start_blocker(ex)
+                t_submit, t_accept, _ = submit_queued(ex, n, timeout=max(120.0, n / 100), api=api)
+                calls[api].append(n / t_submit)
+                accepted[api].append(n / t_accept)
+    rows = []
+    for api in APIS:
+        a, j = med(accepted[api]), med(journal[api])
+        rows.append(
+            Row(
+                "submit" if api == "submit_all" else "submit/submit",
+                f"{n:,} queued jobs accepted by {api}()",
+                a,
+                "jobs/s",
+                j,
+                f"journal/s (batch {batch[api]})",
+                a / j,
+                ">= 20,000/s",
+                a >= 20_000,
+                f"{api}() call(s) return at {med(calls[api]):,.0f} jobs/s",
+                {
+                    "accepted_per_s": accepted[api],
+                    "calls_per_s": calls[api],
+                    "journal_per_s": journal[api],
+                    "journal_batch": batch[api],
+                    "jobs": n,
+                    "api": api,
+                },
+            )
+        )
+    return rows
 
 
 def w_scheduler(home: Path, s: Sizes) -> Row:
@@ -328,7 +358,7 @@ def w_memory(home: Path, s: Sizes) -> Row:
     per_job = (loaded - idle) / n
     return Row(
         "memory",
-        f"daemon RSS, {n:,} queued jobs",
+        f"daemon RSS, {n:,} queued jobs (submit_all())",
         per_job,
         "B/job",
         idle / 2**20,
@@ -354,7 +384,7 @@ def w_multinode(home: Path, s: Sizes) -> Row:
     f, o = med(four), med(one)
     return Row(
         "multinode",
-        f"{n:,} x /bin/true, 4 virtual nodes vs 1",
+        f"{n:,} x /bin/true, 4 virtual nodes vs 1, submit_all()",
         f,
         "tasks/s 4 nodes",
         o,
@@ -367,7 +397,32 @@ def w_multinode(home: Path, s: Sizes) -> Row:
     )
 
 
-WORKLOADS: dict[str, Callable[[Path, Sizes], Row]] = {
+def w_null(home: Path, s: Sizes) -> Row:
+    """End to end through the daemon at 1,000 simulated nodes with null launches (bench/null_launch.py)."""
+    from bench.null_launch import compare
+
+    nodes, cores, tasks = s.pick(200, 1000), 64, s.pick(2000, 10_000)
+    out = compare(home, nodes=nodes, cores=cores, tasks=tasks, repeat=s.repeat, nodes_per_agent=1000, duration=0.0)
+    big, base = out["median"]["big"], out["median"]["base"]
+    b, o = big["daemon_us_per_task"], base["daemon_us_per_task"]
+    return Row(
+        "null",
+        f"{tasks:,} tasks, {nodes:,} sim. nodes x {cores} cores, null launches, submit_all()",
+        b,
+        "daemon µs/task",
+        o,
+        "µs/task at 1 node",
+        b / o,
+        "-",
+        None,
+        f"{big['tasks_per_s']:,.0f} vs {base['tasks_per_s']:,.0f} tasks/s; agents {big['agent_us_per_task']:.0f} "
+        f"µs/task; {nodes:,} nodes in {big['agent_processes']:.0f} agent process, RSS "
+        f"{big['agent_rss'] / 2**20:.0f} MiB; idle heartbeats {big['idle_daemon_cpu']:.0%} daemon cpu",
+        out,
+    )
+
+
+WORKLOADS: dict[str, Callable[[Path, Sizes], Row | list[Row]]] = {
     "throughput": w_throughput,
     "efficiency": w_efficiency,
     "roundtrip": w_roundtrip,
@@ -376,6 +431,7 @@ WORKLOADS: dict[str, Callable[[Path, Sizes], Row]] = {
     "scheduler": w_scheduler,
     "memory": w_memory,
     "multinode": w_multinode,
+    "null": w_null,
 }
 
 
@@ -438,11 +494,12 @@ def main(argv: list[str] | None = None) -> list[Row]:
             print(f"running {name} ...", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             try:
-                row = WORKLOADS[name](home, sizes)
+                made = WORKLOADS[name](home, sizes)
             except Exception as e:  # one failing workload must not lose the others' figures
-                row = Row(name, "", error=f"{type(e).__name__}: {e}")
-            row.seconds = time.perf_counter() - t0
-            rows.append(row)
+                made = Row(name, "", error=f"{type(e).__name__}: {e}")
+            for row in made if isinstance(made, list) else [made]:
+                row.seconds = time.perf_counter() - t0
+                rows.append(row)
     print(
         f"\nbench {'--quick ' if args.quick else ''}{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cpus, "
         f"Python {sys.version.split()[0]}, medians of {sizes.repeat} run(s)\n"

@@ -1,11 +1,13 @@
 """End-to-end throughput of short tasks through the PSI/J client vs this machine's raw spawn rate.
 
-    python bench/throughput.py [--tasks 2000] [--repeat 3] [--nodes 1] [--json FILE]
+    python bench/throughput.py [--tasks 2000] [--repeat 3] [--nodes 1] [--api both] [--json FILE]
 
 Baseline: ``Popen('/bin/true')`` + ``wait`` from 2 threads, nothing else. Pilot: the same number of
 ``/bin/true`` jobs submitted through ``client.JobExecutor`` to an embedded local pilot, timed from the
-first submit to the last final state (pilot start-up excluded, one warm-up job first). Runs alternate
-so that machine noise hits both; medians and their ratio are printed.
+first submit to the last final state (pilot start-up excluded, one warm-up job first), the way a
+workflow engine with thousands of jobs at hand submits them: ``submit_all(jobs)`` (PSI/J's bulk
+submit); ``--api submit`` (or ``both``, the default) also times a loop of ``submit(job)``, one round
+trip per job. Runs alternate so that machine noise hits all; medians and their ratio are printed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 
 def raw_spawn_rate(n: int, threads: int = 2) -> float:
@@ -39,38 +42,76 @@ def raw_spawn_rate(n: int, threads: int = 2) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def pilot_rate(ex: object, n: int, spec: object = None, timeout: float | None = None) -> tuple[float, int]:
+APIS = ("submit_all", "submit")
+
+
+def pilot_rate(
+    ex: object, n: int, spec: object = None, timeout: float | None = None, *, api: str = "submit_all"
+) -> tuple[float, int]:
     """Tasks/s for n jobs (``spec``, default /bin/true) through the client; returns (rate, failures).
 
-    ``timeout``: seconds to wait for all final states (TimeoutError beyond); None waits forever."""
+    ``api``: ``submit_all`` (one bulk call, as a workflow engine with the jobs at hand does) or
+    ``submit`` (one call per job). ``timeout``: seconds to wait for all final states (TimeoutError
+    beyond); None waits forever."""
     import client as psij
 
     assert isinstance(ex, psij.JobExecutor)
-    done = threading.Semaphore(0)
-    failures = [0]
+    # One wake-up when the last job ends (not one per job: the harness must not eat the cpus it measures).
+    done = threading.Event()
+    lock = threading.Lock()
+    counts = {"final": 0, "failed": 0}
 
     def cb(job: psij.Job, status: psij.JobStatus) -> None:
         if status.final:
-            if status.state is not psij.JobState.COMPLETED:
-                failures[0] += 1
-            done.release()
+            with lock:
+                counts["final"] += 1
+                if status.state is not psij.JobState.COMPLETED:
+                    counts["failed"] += 1
+                if counts["final"] == n:
+                    done.set()
 
     ex.set_job_status_callback(cb)
     if spec is None:
         spec = psij.JobSpec(executable="/bin/true")
     assert isinstance(spec, psij.JobSpec)
+    if api not in APIS:
+        raise ValueError(f"api must be one of {APIS}, not {api!r}")
     t0 = time.perf_counter()
     deadline = None if timeout is None else t0 + timeout
-    for _ in range(n):
-        ex.submit(psij.Job(spec))
-    for i in range(n):
-        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        if not done.acquire(timeout=left):
-            ex.set_job_status_callback(None)
-            raise TimeoutError(f"{n - i} of {n} jobs not final after {timeout} s")
+    if api == "submit_all":
+        ex.submit_all([psij.Job(spec) for _ in range(n)])
+    else:
+        for _ in range(n):
+            ex.submit(psij.Job(spec))
+    left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+    if not done.wait(timeout=left):
+        ex.set_job_status_callback(None)
+        raise TimeoutError(f"{n - counts['final']} of {n} jobs not final after {timeout} s")
     rate = n / (time.perf_counter() - t0)
     ex.set_job_status_callback(None)
-    return rate, failures[0]
+    return rate, counts["failed"]
+
+
+class CpuMeter:
+    """CPU seconds (user + system, children excluded) of this process, the embedded daemon and its
+    agents: where each task's cost goes, a figure much less sensitive to a busy machine than tasks/s."""
+
+    def __init__(self, home: Path) -> None:
+        import psutil
+
+        from pilot.rundir import RunDir
+
+        info = RunDir(home / f"embedded-{os.getpid()}").read_info()
+        if info is None:
+            raise RuntimeError("no pilot.json in the embedded pilot's run directory")
+        self._daemon = psutil.Process(int(info["pid"]))
+        self._agents = [c for c in self._daemon.children() if "agent" in " ".join(c.cmdline())]
+
+    def read(self) -> dict[str, float]:
+        def cpu(procs: list[Any]) -> float:
+            return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+        return {"client": time.process_time(), "daemon": cpu([self._daemon]), "agent": cpu(self._agents)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
@@ -84,8 +125,15 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         default="ipc",
         help="tcp: agents over CURVE-encrypted, authenticated TCP (security on)",
     )
+    ap.add_argument(
+        "--api",
+        choices=[*APIS, "both"],
+        default="both",
+        help="submit_all: one bulk call; submit: one call per job; both (default): each, alternating",
+    )
     ap.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = ap.parse_args(argv)
+    apis = list(APIS) if args.api == "both" else [args.api]
 
     import client as psij
 
@@ -100,19 +148,27 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             warm = psij.Job(psij.JobSpec(executable="/bin/true"))
             ex.submit(warm)
             warm.wait(timeout=60)
+            meter = CpuMeter(Path(home))
             raw: list[float] = []
-            pil: list[float] = []
+            pil: dict[str, list[float]] = {api: [] for api in apis}
+            cpu: dict[str, dict[str, list[float]]] = {api: {} for api in apis}
             failures = 0
             for i in range(args.repeat):
                 raw.append(raw_spawn_rate(args.tasks))
-                rate, failed = pilot_rate(ex, args.tasks)
-                pil.append(rate)
-                failures += failed
-                print(
-                    f"  run {i + 1}: raw {raw[-1]:7.0f}/s   pilot {pil[-1]:7.0f}/s   ratio {pil[-1] / raw[-1]:.2f}",
-                    file=sys.stderr,
-                )
-    r, p = statistics.median(raw), statistics.median(pil)
+                line = f"  run {i + 1}: raw {raw[-1]:6.0f}/s"
+                for api in apis:
+                    before = meter.read()
+                    rate, failed = pilot_rate(ex, args.tasks, api=api)
+                    after = meter.read()
+                    for who in before:
+                        cpu[api].setdefault(who, []).append((after[who] - before[who]) / args.tasks * 1e6)
+                    pil[api].append(rate)
+                    failures += failed
+                    us = " ".join(f"{who} {v[-1]:.0f}" for who, v in cpu[api].items())
+                    line += f"  | {api}() {rate:6.0f}/s ratio {rate / raw[-1]:.2f}, cpu us/task: {us}"
+                print(line, file=sys.stderr)
+    r = statistics.median(raw)
+    med = {api: statistics.median(v) for api, v in pil.items()}
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()} cpus, {sys.platform}, Python {sys.version.split()[0]}",
@@ -123,16 +179,17 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "raw_spawn_per_s": raw,
         "pilot_per_s": pil,
         "median_raw_spawn_per_s": r,
-        "median_pilot_per_s": p,
-        "ratio": p / r,
+        "median_pilot_per_s": med,
+        "ratio": {api: p / r for api, p in med.items()},
+        "cpu_us_per_task": cpu,
+        "median_cpu_us_per_task": {api: {w: statistics.median(v) for w, v in c.items()} for api, c in cpu.items()},
         "failures": failures,
     }
-    print(f"{'workload':<44}{'figure':>12}{'baseline':>12}{'ratio':>8}")
-    print(
-        f"{args.tasks} x /bin/true through the client (tasks/s){p:>12.0f}{r:>12.0f}{p / r:>8.2f}".replace(
-            "(tasks/s)", "(tasks/s) "
-        )
-    )
+    print(f"{'workload':<56}{'figure':>10}{'baseline':>10}{'ratio':>8}")
+    for api, p in med.items():
+        label = f"{args.tasks} x /bin/true, {api}() (tasks/s)"
+        us = ", ".join(f"{w} {statistics.median(v):.0f}" for w, v in cpu[api].items())
+        print(f"{label:<56}{p:>10.0f}{r:>10.0f}{p / r:>8.2f}   cpu us/task: {us}")
     print(
         f"baseline = raw spawn rate, Popen from 2 threads; medians of {args.repeat} alternating runs; "
         f"{failures} failed tasks"

@@ -5,13 +5,14 @@ from __future__ import annotations
 from client.exceptions import InvalidJobException, InvalidStateException, SubmitException
 from client.job import Job, JobStatusCallback
 from client.job_attributes import JobAttributes
-from client.job_executor import JobExecutor, JobExecutorConfig
+from client.job_executor import BatchSubmitException, JobExecutor, JobExecutorConfig
 from client.job_spec import JobSpec
 from client.job_status import JobStatus
 from client.resource_spec import ResourceSpec, ResourceSpecV1
 from pilot.model.job_state import JobState
 
 __all__ = [
+    "BatchSubmitException",
     "InvalidJobException",
     "InvalidStateException",
     "Job",

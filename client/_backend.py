@@ -9,17 +9,31 @@ the connection follows a daemon restarted on the same run directory by itself.
 from __future__ import annotations
 
 import builtins
+import functools
 import math
+import os
 import threading
-from collections.abc import Callable
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from client import _embedded
-from client._connection import DEFAULT_REQUEST_TIMEOUT, Connection, StatusSink
+from client._connection import DEFAULT_REQUEST_TIMEOUT, Connection, StatusSink, Ticket
 from client.exceptions import InvalidJobException, SubmitException
 from pilot import wire
+from pilot.rundir import RunDir
+from pilot.security import ENV_CLIENT_ACCESS, Credentials, SecurityError, read_client_access
 
 _FINAL = ("COMPLETED", "FAILED", "CANCELED")
+#: What submitting one job came to: the time the pilot queued it (None if it did not say), or why not.
+Outcome = float | SubmitException | InvalidJobException | None
+#: Jobs per SUBMIT request of a batch (``submit_many``); the connection may send several in one frame.
+SUBMIT_CHUNK = 1000
+#: Requests of one batch in flight at most: enough to keep the pilot busy between replies, few enough
+#: that it never holds a large backlog of unanswered jobs (its memory high-water mark grows with that).
+SUBMIT_WINDOW = 4
 
 
 def check_timeout(request_timeout: float) -> float:
@@ -50,13 +64,13 @@ class Backend:
             if self._closed:
                 raise SubmitException("this executor is closed; create a new one", transient=False)
             if self._conn is None or self._conn.closed:
-                address, embedded, rundir = _embedded.resolve(self._url)
+                address, embedded, rundir, credentials = _locate(self._url)
                 if embedded and self._embedded:
                     _embedded.release()
                 self._embedded = embedded
                 if self._conn is not None:
                     self._conn.release()
-                self._conn = Connection.acquire(address, rundir=rundir)
+                self._conn = Connection.acquire(address, rundir=rundir, credentials=credentials)
             return self._conn
 
     def request(
@@ -67,24 +81,80 @@ class Backend:
     def submit(self, description: dict[str, Any], on_id: Callable[[str], StatusSink]) -> float | None:
         """Submit one job. ``on_id`` gets its native id on the I/O thread, before any status of the job
         can arrive, and returns the sink its statuses go to. Returns the time the pilot queued it.
-        A submit that got no answer raises a transient SubmitException and is never sent again."""
+        A submit that got no answer raises a transient SubmitException and is never sent again.
+        Concurrent calls from several threads share frames (see ``Connection.submit``)."""
+        outcomes: builtins.list[Outcome] = []
+        self.submit_many([description], lambda _, native_id: on_id(native_id), lambda _, o: outcomes.append(o))
+        (outcome,) = outcomes
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def submit_many(
+        self,
+        descriptions: Iterable[dict[str, Any]],
+        on_id: Callable[[int, str], StatusSink],
+        on_outcome: Callable[[int, Outcome], None],
+    ) -> None:
+        """Submit jobs in requests of at most ``SUBMIT_CHUNK``, each queued as soon as it is full
+        (pipelined: the pilot works on one while the next is built). For the k-th description,
+        ``on_id(k, native_id)`` is called as for :meth:`submit`, then ``on_outcome(k, outcome)`` on this
+        thread with the time the pilot queued it or the exception ``submit`` would have raised for it
+        alone. A request waits ``request_timeout`` from the later of its queuing and the previous
+        answer: a live pilot working through a large batch is not cut off, a silent one is reported
+        within the timeout."""
         conn = self.connection
+        queued: deque[tuple[int, int, Ticket | SubmitException, float]] = deque()  # start, count, request, when
+        last_answer = 0.0
 
-        def on_reply(body: dict[str, Any]) -> None:
+        def settle() -> None:
+            nonlocal last_answer
+            start, count, ticket, when = queued.popleft()
+            try:
+                if isinstance(ticket, SubmitException):
+                    raise ticket
+                body = conn.wait(ticket, timeout=self.request_timeout, since=max(when, last_answer))
+            except SubmitException as exc:
+                for k in range(start, start + count):
+                    on_outcome(k, type(exc)(exc.message, transient=exc.transient))
+                return
+            last_answer = time.monotonic()
             results = body.get("results")
-            if isinstance(results, list) and results and isinstance(results[0], dict) and "id" in results[0]:
-                native_id = str(results[0]["id"])
-                conn.subscribe(native_id, on_id(native_id))
+            if not isinstance(results, list) or len(results) != count:
+                error = body.get("error") if "results" not in body else None
+                message = str(error) if error else f"malformed reply from the pilot: {str(body)[:200]}"
+                for k in range(start, start + count):
+                    on_outcome(k, SubmitException(message))
+                return
+            for k, result in enumerate(results, start):
+                on_outcome(k, _outcome(result))
 
-        result = _first(
-            conn.request(wire.Kind.SUBMIT, {"jobs": [description]}, timeout=self.request_timeout, on_reply=on_reply)
-        )
-        if "error" in result:
-            if result.get("transient"):
-                raise SubmitException(str(result["error"]), transient=True)
-            raise InvalidJobException(str(result["error"]))
-        t = result.get("time")
-        return float(t) if isinstance(t, int | float) else None
+        def send(start: int, chunk: builtins.list[dict[str, Any]]) -> None:
+            hook = functools.partial(_subscribe, conn, on_id, start)
+            try:
+                request: Ticket | SubmitException = conn.submit(chunk, on_reply=hook)
+            except SubmitException as exc:
+                request = exc
+            queued.append((start, len(chunk), request, time.monotonic()))
+
+        chunk: builtins.list[dict[str, Any]] = []
+        sent = 0
+        for description in descriptions:
+            chunk.append(description)
+            if len(chunk) == SUBMIT_CHUNK:
+                send(sent, chunk)
+                sent += len(chunk)
+                chunk = []
+                while queued and (
+                    len(queued) >= SUBMIT_WINDOW
+                    or isinstance(queued[0][2], SubmitException)
+                    or conn.answered(queued[0][2])
+                ):
+                    settle()  # outcomes in (or too many requests out): hand them over, the pilot works on
+        if chunk:
+            send(sent, chunk)
+        while queued:
+            settle()
 
     def cancel(self, native_id: str) -> None:
         result = _first(self.request(wire.Kind.CANCEL, {"ids": [native_id]}))
@@ -133,6 +203,30 @@ class Backend:
             conn.release()
 
 
+def _subscribe(conn: Connection, on_id: Callable[[int, str], StatusSink], start: int, body: dict[str, Any]) -> None:
+    """A submit's reply hook (I/O thread): follow each accepted job before any of its statuses is read."""
+    results = body.get("results")
+    if not isinstance(results, list):
+        return
+    for i, result in enumerate(results):
+        if isinstance(result, dict) and "id" in result:
+            native_id = str(result["id"])
+            conn.subscribe(native_id, on_id(start + i, native_id))
+
+
+def _outcome(result: Any) -> Outcome:
+    if not isinstance(result, dict):
+        return SubmitException(f"malformed result from the pilot: {str(result)[:200]}")
+    if "error" in result:
+        if result.get("transient"):
+            return SubmitException(str(result["error"]), transient=True)
+        return InvalidJobException(str(result["error"]))
+    if "id" not in result:
+        return SubmitException(f"malformed result from the pilot: {str(result)[:200]}")
+    t = result.get("time")
+    return float(t) if isinstance(t, int | float) else None
+
+
 def _first(body: dict[str, Any]) -> dict[str, Any]:
     if "error" in body and "results" not in body:
         raise SubmitException(str(body["error"]))
@@ -140,3 +234,23 @@ def _first(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(results, list) or not results or not isinstance(results[0], dict):
         raise SubmitException(f"malformed reply from the pilot: {body!r}")
     return results[0]
+
+
+def _locate(url: str | None) -> tuple[str, bool, RunDir | None, Credentials | None]:
+    """The pilot's address, whether it is this process's embedded one, its run directory if known, and the
+    CURVE credentials for it. A remote pilot is named by its access file (``pilot credentials --client``):
+    the url itself, or ``PILOT_CREDENTIALS`` when the url is none or a ``tcp://`` address."""
+    named = os.environ.get(ENV_CLIENT_ACCESS)
+    path: Path | None = None
+    if url and not url.startswith(("ipc://", "tcp://")) and Path(url).expanduser().is_file():
+        path = Path(url).expanduser()
+    elif named and (not url or url.startswith("tcp://")):
+        path = Path(named).expanduser()
+    if path is None:
+        address, embedded, rundir = _embedded.resolve(url)
+        return address, embedded, rundir, None
+    try:
+        access = read_client_access(path)
+    except SecurityError as exc:
+        raise SubmitException(f"cannot use the pilot's access file: {exc}", transient=False) from None
+    return (url if url and url.startswith("tcp://") else access.endpoint), False, None, access.credentials

@@ -4,6 +4,11 @@ Callers on any thread hand requests to the I/O thread (a queue plus a self-pipe)
 reply, at most ``timeout`` seconds (the executor's ``request_timeout``); status batches go to a dispatch
 thread that updates jobs and runs user callbacks, so a slow callback never stalls the socket.
 
+Group submit: SUBMIT requests that wait in the outbox together (from ``submit_all``'s pipelined
+requests, or from several threads calling ``submit()`` while the previous frame is in flight) leave in
+one frame of up to ``GROUP_JOBS`` jobs; the reply is cut back into each request's own results, hook
+call and errors. Nothing waits to fill a frame: a lone submit leaves at once.
+
 Losing the daemon, and getting it back (a new daemon on the same run directory):
 
 - A socket serves one connection only (``RECONNECT_IVL`` -1) and is watched by a socket monitor. At its
@@ -43,11 +48,13 @@ from zmq.utils.monitor import recv_monitor_message
 from client.exceptions import SubmitException
 from pilot import wire
 from pilot.rundir import INFO_FILE, RunDir
+from pilot.security import Credentials, handshake_failure, secure_client
 
 log = structlog.get_logger("client")
 
 StatusSink = Callable[[list[Any]], None]
 OnReply = Callable[[dict[str, Any]], None]
+Ticket = tuple[int, "_Pending"]  # a queued request: its rid and its state, for Connection.wait
 
 #: How long a request waits for its reply by default (the executors' ``request_timeout``). A daemon
 #: that is gone is noticed well before that (socket monitor, run directory); this bounds a live daemon
@@ -61,6 +68,9 @@ _RETRY_MIN: Final = 0.1  # between looks at the run directory (or connection att
 _RETRY_MAX: Final = 1.0  # backoff limit for attempts that fail
 _LIVENESS_INTERVAL: Final = 0.5  # run directory check while requests wait on a live connection
 _REATTACH_BATCH: Final = 5000  # job ids per ATTACH re-sent on reconnect
+#: Most jobs in one SUBMIT frame when queued submits are sent together: the daemon handles a frame in
+#: one step of its loop, so this bounds how long one frame holds up everything else there.
+GROUP_JOBS: Final = 2000
 _FINAL: Final = ("COMPLETED", "FAILED", "CANCELED")
 _DOWN_EVENTS: Final = frozenset(
     {
@@ -74,12 +84,26 @@ _DOWN_EVENTS: Final = frozenset(
 )
 
 
-class _Pending:
-    __slots__ = ("body", "done", "frame", "internal", "kind", "lost", "on_reply", "sent")
+class RequestTimeout(SubmitException):
+    """The pilot did not answer within the request timeout (transient); the message says whether the
+    request was sent."""
 
-    def __init__(self, kind: str, frame: bytes, on_reply: OnReply | None, *, internal: bool = False) -> None:
+
+class _Pending:
+    __slots__ = ("body", "done", "frame", "internal", "jobs", "kind", "lost", "on_reply", "sent")
+
+    def __init__(
+        self,
+        kind: str,
+        frame: bytes,
+        on_reply: OnReply | None,
+        *,
+        internal: bool = False,
+        jobs: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.kind = kind
-        self.frame = frame
+        self.frame = frame  # empty for a submit: its jobs are encoded at send time, with those they travel with
+        self.jobs = jobs  # a submit's job descriptions
         self.done = threading.Event()
         self.body: dict[str, Any] | None = None
         self.lost: str | None = None  # set instead of body when the request cannot be answered
@@ -91,8 +115,10 @@ class _Pending:
 class _Link:
     """One socket, one connection: up after the handshake, finished at the first disconnect."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], url: str) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], url: str, credentials: Credentials | None = None) -> None:
         self.sock = ctx.socket(zmq.DEALER)
+        if credentials is not None:
+            secure_client(self.sock, credentials)  # CURVE, pinning the daemon's key: no impostor gets a frame
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         self.sock.setsockopt(zmq.RECONNECT_IVL, -1)  # never reconnect this socket: frames queued on it die with it
@@ -123,13 +149,15 @@ class Connection:
     _instances_lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
-    def acquire(cls, url: str, *, rundir: RunDir | None = None) -> Connection:
-        """The process's connection to ``url``, shared; each ``acquire`` needs one :meth:`release`."""
+    def acquire(cls, url: str, *, rundir: RunDir | None = None, credentials: Credentials | None = None) -> Connection:
+        """The process's connection to ``url`` (with these CURVE ``credentials``, for a remote pilot), shared;
+        each ``acquire`` needs one :meth:`release`."""
+        key = _instance_key(url, credentials)
         with cls._instances_lock:
-            conn = cls._instances.get(url)
+            conn = cls._instances.get(key)
             if conn is None or conn._closed:
-                conn = cls(url, rundir=rundir)
-                cls._instances[url] = conn
+                conn = cls(url, rundir=rundir, credentials=credentials)
+                cls._instances[key] = conn
             conn._users += 1
             return conn
 
@@ -139,8 +167,8 @@ class Connection:
             self._users -= 1
             if self._users > 0 or self._closed:
                 return
-            if Connection._instances.get(self.url) is self:
-                del Connection._instances[self.url]
+            if Connection._instances.get(self._key) is self:
+                del Connection._instances[self._key]
         self.close()
 
     @classmethod
@@ -155,8 +183,11 @@ class Connection:
                     pass
             conn.close()
 
-    def __init__(self, url: str, *, rundir: RunDir | None = None) -> None:
+    def __init__(self, url: str, *, rundir: RunDir | None = None, credentials: Credentials | None = None) -> None:
         self.url = url
+        self._credentials = credentials
+        self._key = _instance_key(url, credentials)
+        self._refused: str | None = None  # why the last handshake failed (a key refused, an impostor), if it did
         #: Where the daemon's ``pilot.json`` is, to tell a dead daemon from a slow one; None: unknown.
         self.rundir = rundir if rundir is not None else _rundir_of(url)
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -164,6 +195,8 @@ class Connection:
         self._lock = threading.Lock()
         self._outbox: deque[int] = deque()  # rids not sent yet, in order
         self._pending: dict[int, _Pending] = {}
+        #: Submits sent together in one frame: the frame's rid -> its members, in order (I/O thread only).
+        self._groups: dict[int, list[tuple[int, _Pending]]] = {}
         self._sinks: dict[str, list[StatusSink]] = {}
         # Batches of (status, the sinks it goes to), for the dispatch thread; None stops it.
         self._statuses: queue.SimpleQueue[list[tuple[list[Any], list[StatusSink]]] | None] = queue.SimpleQueue()
@@ -173,6 +206,7 @@ class Connection:
         self._users = 0
         self._dead: str | None = None  # why no daemon is running, while the I/O thread finds none
         self.connects = 0  # connections made so far (1 + reconnections)
+        self.submit_frames = 0  # SUBMIT frames handed to a socket (several submits may share one)
         self._io = threading.Thread(target=self._io_loop, name="pilot-client-io", daemon=True)
         self._dispatch = threading.Thread(target=self._dispatch_loop, name="pilot-client-callbacks", daemon=True)
         self._io.start()
@@ -200,19 +234,45 @@ class Connection:
         """Send one request and wait for its reply, at most ``timeout`` seconds. Raises a transient
         SubmitException when the daemon is not running, went away before answering, or is silent.
         ``on_reply`` runs on the I/O thread with the reply, before any later frame is read."""
+        self._check_open()
+        rid = next(self._rids)
+        pending = _Pending(kind, wire.encode(kind, {**body, "rid": rid}), on_reply)
+        self._enqueue(rid, pending)
+        return self.wait((rid, pending), timeout=timeout)
+
+    def submit(self, jobs: list[dict[str, Any]], *, on_reply: OnReply | None = None) -> Ticket:
+        """Queue a SUBMIT of ``jobs`` and return at once; :meth:`wait` gets its reply (``results``, one
+        per job, in order). Submits queued together, from any threads, travel in one frame (up to
+        ``GROUP_JOBS`` jobs): each caller still gets only its own results, its own ``on_reply`` call
+        and its own errors, as if it had been sent alone."""
+        self._check_open()
+        rid = next(self._rids)
+        pending = _Pending(wire.Kind.SUBMIT, b"", on_reply, jobs=jobs)
+        self._enqueue(rid, pending)
+        return rid, pending
+
+    def _check_open(self) -> None:
         if self._closed:
             raise SubmitException("the connection to the pilot is closed", transient=True)
         if self._dead is not None and self._daemon_gone():
             raise SubmitException(f"{self._dead}; the request was not sent", transient=True)
-        rid = next(self._rids)
-        pending = _Pending(kind, wire.encode(kind, {**body, "rid": rid}), on_reply)
+
+    def _enqueue(self, rid: int, pending: _Pending) -> None:
         with self._lock:
             if self._closed:
                 raise SubmitException("the connection to the pilot is closed", transient=True)
             self._pending[rid] = pending
             self._outbox.append(rid)
         self._wake()
-        if not pending.done.wait(timeout):
+
+    def wait(self, ticket: Ticket, *, timeout: float, since: float | None = None) -> dict[str, Any]:
+        """The reply to a queued request, waiting until ``timeout`` seconds after ``since`` (a monotonic
+        time, default now) at most. Raises a transient SubmitException (:class:`RequestTimeout` at the
+        timeout)."""
+        rid, pending = ticket
+        kind = pending.kind
+        left = timeout if since is None else max(0.0, since + timeout - time.monotonic())
+        if not pending.done.wait(left):
             with self._lock:
                 mine = self._pending.pop(rid, None) is not None
                 sent = pending.sent
@@ -222,12 +282,17 @@ class Connection:
                     except ValueError:
                         pass
             if mine:
-                raise SubmitException(self._timeout_message(kind, timeout, sent=sent), transient=True)
+                raise RequestTimeout(self._timeout_message(kind, timeout, sent=sent), transient=True)
             pending.done.wait()  # the I/O thread took it meanwhile: its reply (or loss) is being delivered
         if pending.lost is not None:
             raise SubmitException(pending.lost, transient=True)
         assert pending.body is not None
         return pending.body
+
+    @staticmethod
+    def answered(ticket: Ticket) -> bool:
+        """Whether :meth:`wait` on ``ticket`` would return (or raise) at once."""
+        return ticket[1].done.is_set()
 
     def subscribe(self, job_id: str, sink: StatusSink) -> None:
         """Route status updates of ``job_id`` to ``sink`` until its final one, across reconnections.
@@ -263,7 +328,12 @@ class Connection:
         if not sent:
             return (
                 f"could not reach the pilot at {self.url} within {timeout:g} s (request_timeout); the {kind} "
-                "request was not sent. Is the pilot running? ('pilot status')"
+                "request was not sent. "
+                + (
+                    f"The handshake failed: {self._refused}. Check the credentials (PILOT_CREDENTIALS)"
+                    if self._refused
+                    else "Is the pilot running? ('pilot status')"
+                )
             )
         if kind == wire.Kind.SUBMIT:
             outcome = "the job may still be accepted: check list() before submitting it again"
@@ -307,7 +377,7 @@ class Connection:
                         self._fail(lambda p: f"{self._dead}; the {p.kind} request was not sent", sent_only=False)
                     else:
                         try:
-                            link = _Link(self._ctx, self.url)
+                            link = _Link(self._ctx, self.url, self._credentials)
                         except zmq.ZMQError as exc:
                             log.warning("cannot open a socket to the pilot", url=self.url, error=str(exc))
                             backoff = min(backoff * 2, _RETRY_MAX)
@@ -368,38 +438,81 @@ class Connection:
         """(came up, went down) from the link's monitor events."""
         came_up = down = False
         while link.mon.poll(0):
-            event = recv_monitor_message(link.mon)["event"]
+            message = recv_monitor_message(link.mon)
+            event = message["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and not link.up:
                 link.up = came_up = True
+                self._refused = None
             elif event in _DOWN_EVENTS:
                 down = True
+                reason = handshake_failure(event, int(message["value"]), server=False)
+                if reason is not None and self._refused is None:  # once until a handshake succeeds
+                    log.warning("handshake with the pilot failed", url=self.url, reason=reason)
+                if reason is not None and (self._refused is None or event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                    self._refused = reason  # a precise reason is not replaced by "closed during the handshake"
         return came_up, down
 
     def _send(self, sock: zmq.Socket[bytes]) -> bool:
-        """Hand the outbox to the socket, in order; False when it cannot take more now."""
+        """Hand the outbox to the socket, in order; False when it cannot take more now. Consecutive
+        submits go in one frame (group submit): callers on several threads share one round trip."""
+        units: list[list[tuple[int, _Pending]]] = []  # one per frame
         with self._lock:
-            batch: list[tuple[int, _Pending]] = []
+            jobs = 0
             while self._outbox:
                 rid = self._outbox.popleft()
                 p = self._pending.get(rid)
-                if p is not None:  # else its caller gave up before it was sent
-                    p.sent = True  # before the send: a caller timing out meanwhile must not say "not sent"
-                    batch.append((rid, p))
-        for i, (_, p) in enumerate(batch):
+                if p is None:  # its caller gave up before it was sent
+                    continue
+                p.sent = True  # before the send: a caller timing out meanwhile must not say "not sent"
+                if p.jobs is None:
+                    units.append([(rid, p)])
+                    jobs = 0
+                    continue
+                last = units[-1] if units else None
+                if last is not None and last[0][1].jobs is not None and jobs + len(p.jobs) <= GROUP_JOBS:
+                    last.append((rid, p))
+                    jobs += len(p.jobs)
+                else:
+                    units.append([(rid, p)])
+                    jobs = len(p.jobs)
+        for i, unit in enumerate(units):
+            frame = self._frame(unit)
             try:
-                sock.send(p.frame, zmq.NOBLOCK)
+                sock.send(frame, zmq.NOBLOCK)
+                if unit[0][1].jobs is not None:
+                    self.submit_frames += 1
             except zmq.Again:
                 with self._lock:
-                    for rid, q in reversed(batch[i:]):
+                    for later in units[i:]:
+                        if len(later) > 1:
+                            self._groups.pop(self._group_rid(later), None)
+                    for rid, q in reversed([m for later in units[i:] for m in later]):
                         if rid in self._pending:
                             q.sent = False
                             self._outbox.appendleft(rid)
                 return False
         return True
 
+    def _frame(self, unit: list[tuple[int, _Pending]]) -> bytes:
+        rid, p = unit[0]
+        if p.jobs is None:
+            return p.frame
+        if len(unit) == 1:
+            return wire.encode(wire.Kind.SUBMIT, {"jobs": p.jobs, "rid": rid})
+        group_rid = self._group_rid(unit)
+        self._groups[group_rid] = unit
+        jobs = [job for _, q in unit for job in q.jobs or ()]
+        return wire.encode(wire.Kind.SUBMIT, {"jobs": jobs, "rid": group_rid})
+
+    @staticmethod
+    def _group_rid(unit: list[tuple[int, _Pending]]) -> int:
+        """A group frame's rid: its first member's, negated (rids count up from 1, so it names no request)."""
+        return -unit[0][0]
+
     def _fail(self, message: Callable[[_Pending], str], *, sent_only: bool) -> None:
         """Fail waiting requests: those sent (the connection that carried them is gone), or all. An
         unsent re-attach is dropped too: the next connection sends its own."""
+        self._groups.clear()  # what was sent went with the connection (or the connection is closing)
         with self._lock:
             victims = [(rid, p) for rid, p in self._pending.items() if p.sent or not sent_only or p.internal]
             for rid, _ in victims:
@@ -484,20 +597,25 @@ class Connection:
                     self._route([e for e in events if isinstance(e, list) and len(e) == 6], statuses)
                 continue
             rid = msg.body.get("rid")
-            with self._lock:
-                pending = self._pending.pop(rid, None) if isinstance(rid, int) else None
-            if pending is None:
+            if not isinstance(rid, int):
                 continue
-            if statuses:  # in order: what this reply's hook queues goes after the events read before it
-                self._statuses.put(statuses)
-                statuses = []
-            if pending.on_reply is not None:
-                try:
-                    pending.on_reply(msg.body)
-                except Exception:
-                    log.exception("reply hook failed")
-            pending.body = msg.body
-            pending.done.set()
+            group = self._groups.pop(rid, None)
+            answers = [(rid, msg.body)] if group is None else _split(group, msg.body)
+            for member, body in answers:
+                with self._lock:
+                    pending = self._pending.pop(member, None)
+                if pending is None:  # unknown, or its caller gave up waiting
+                    continue
+                if statuses:  # in order: what this reply's hook queues goes after the events read before it
+                    self._statuses.put(statuses)
+                    statuses = []
+                if pending.on_reply is not None:
+                    try:
+                        pending.on_reply(body)
+                    except Exception:
+                        log.exception("reply hook failed")
+                pending.body = body
+                pending.done.set()
         if statuses:
             self._statuses.put(statuses)
 
@@ -527,6 +645,28 @@ class Connection:
                         sink(status)
                     except Exception:
                         log.exception("status callback failed", job=status[0])
+
+
+def _split(group: list[tuple[int, _Pending]], body: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """The reply to a group submit, cut into each member's own reply (its results, in order)."""
+    results = body.get("results")
+    counts = [len(p.jobs or ()) for _, p in group]
+    if not isinstance(results, list) or len(results) != sum(counts):
+        error = body.get("error") or f"malformed reply from the pilot: {str(body)[:200]}"
+        return [(rid, {"error": error, "rid": rid}) for rid, _ in group]
+    out = []
+    start = 0
+    for (rid, _), count in zip(group, counts, strict=True):
+        out.append((rid, {"results": results[start : start + count], "rid": rid}))
+        start += count
+    return out
+
+
+def _instance_key(url: str, credentials: Credentials | None) -> str:
+    """One shared connection per address and credentials (public keys only: no secret in a dict key)."""
+    if credentials is None:
+        return url
+    return f"{url}#{credentials.server_public.decode()}#{credentials.keys.public.decode()}"
 
 
 def _rundir_of(url: str) -> RunDir | None:

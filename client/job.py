@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("client")
 
 JobStatusCallback = Callable[["Job", JobStatus], None]
+#: states_between, once per pair of states (it runs for every status of every job).
+_BETWEEN: dict[tuple[JobState, JobState], tuple[JobState, ...]] = {}
 
 
 class Job:
@@ -94,7 +96,10 @@ class Job:
             new = status.state
             if current.final or not new.is_greater_than(current):
                 return []
-            entered = [JobStatus(s, time=status.time) for s in states_between(current, new)]
+            skipped = _BETWEEN.get((current, new))
+            if skipped is None:
+                skipped = _BETWEEN[(current, new)] = tuple(states_between(current, new))
+            entered = [JobStatus(s, time=status.time) for s in skipped]
             entered.append(status)
             self._status = status
             self._cv.notify_all()

@@ -13,16 +13,45 @@ again, so their callbacks and ``Job.wait()`` resume (or they end FAILED if the n
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from client._backend import Backend
+from client._backend import Backend, Outcome
 from client._connection import DEFAULT_REQUEST_TIMEOUT, StatusSink
 from client._translate import spec_to_wire
-from client.exceptions import InvalidStateException
+from client.exceptions import InvalidJobException, InvalidStateException, SubmitException
 from client.job import Job, JobStatusCallback
 from client.job_status import JobStatus
-from pilot import __version__
+from pilot import __version__, wire
 from pilot.model.job_state import JobState
+
+PsijError = InvalidJobException | InvalidStateException | SubmitException
+
+
+class BatchSubmitException(ExceptionGroup[PsijError]):
+    """Raised by :meth:`JobExecutor.submit_all` once every other job is submitted: the jobs that were
+    not, in ``failed`` as (job, exception) pairs, the exceptions also as the group's ``exceptions``
+    (``except* InvalidJobException`` works), each with its job in ``job``."""
+
+    failed: list[tuple[Job, PsijError]]
+
+    def __new__(cls, message: str, failed: Sequence[tuple[Job, PsijError]]) -> BatchSubmitException:
+        for job, error in failed:
+            setattr(error, "job", job)  # noqa: B010 -- PSI/J's exception classes have no such field
+        self = super().__new__(cls, message, [error for _, error in failed])
+        self.failed = list(failed)
+        return self
+
+    def __init__(self, message: str, failed: Sequence[tuple[Job, PsijError]]) -> None:
+        super().__init__(message, [error for _, error in failed])
+
+    def derive(self, excs: Sequence[PsijError]) -> BatchSubmitException:  # type: ignore[override]
+        return BatchSubmitException(self.message, [(getattr(e, "job"), e) for e in excs])  # noqa: B009
+
+    @property
+    def jobs(self) -> list[Job]:
+        """The jobs that were not submitted, in the order they were given."""
+        return [job for job, _ in self.failed]
 
 
 class JobExecutorConfig:
@@ -90,6 +119,71 @@ class JobExecutor:
             raise
         job._set_status(JobStatus(JobState.QUEUED, time=t))
 
+    def submit_all(self, jobs: Iterable[Job]) -> None:
+        """Submit many jobs in a few round trips: PSI/J's bulk submit (the specification's appendix on
+        submission performance), for a workflow engine with thousands of jobs at hand. One request
+        carries up to 1,000 jobs and the requests are pipelined, so the cost per job is the pilot's work,
+        not a round trip. Each job is handled exactly as ``submit(job)`` would handle it alone: when this
+        returns, every job is QUEUED with its native id and its callbacks have seen QUEUED. A job that
+        ``submit`` would refuse does not stop the others: once all the others are submitted,
+        :class:`BatchSubmitException` lists the jobs that were not, each with the exception ``submit``
+        would have raised for it (those jobs stay NEW and may be submitted again)."""
+        jobs = list(jobs)
+        failed: list[tuple[int, Job, PsijError]] = []
+        todo: list[tuple[int, Job]] = []  # (index in jobs, job) of each description sent
+
+        def descriptions() -> Iterator[dict[str, Any]]:
+            for i, job in enumerate(jobs):
+                if job.status.state is not JobState.NEW or job.executor is not None:
+                    error = InvalidStateException(f"job {job.id} was already submitted (state {job.status.state})")
+                    failed.append((i, job, error))
+                    continue
+                try:
+                    description = spec_to_wire(job.spec)
+                except InvalidJobException as exc:
+                    failed.append((i, job, exc))
+                    continue
+                job.executor = self  # also marks a job listed twice: its second copy is refused above
+                todo.append((i, job))
+                yield description
+
+        def on_id(k: int, native_id: str) -> StatusSink:  # I/O thread, before any status of the job
+            job = todo[k][1]
+            job._native_id = native_id
+            return lambda s: _apply(job, s)
+
+        def on_outcome(k: int, outcome: Outcome) -> None:
+            i, job = todo[k]
+            if isinstance(outcome, Exception):
+                job.executor = None
+                failed.append((i, job, outcome))
+            else:
+                job._set_status(JobStatus(JobState.QUEUED, time=outcome))
+
+        done = 0
+
+        def counted(k: int, outcome: Outcome) -> None:
+            nonlocal done
+            done = k + 1
+            on_outcome(k, outcome)
+
+        try:
+            self._backend.submit_many(descriptions(), on_id, counted)
+        except SubmitException as exc:  # nothing was sent (e.g. this executor is closed)
+            for k in range(done, len(todo)):
+                on_outcome(k, SubmitException(exc.message, transient=exc.transient))
+        except BaseException:
+            for _, job in todo[done:]:
+                job.executor = None
+            raise
+        if failed:
+            failed.sort(key=lambda f: f[0])
+            first = failed[0][2]
+            raise BatchSubmitException(
+                f"{len(failed)} of {len(jobs)} jobs were not submitted (the first: {type(first).__name__}: {first})",
+                [(job, error) for _, job, error in failed],
+            )
+
     def cancel(self, job: Job) -> None:
         if job.native_id is None:
             raise InvalidStateException(f"job {job.id} was never submitted")
@@ -128,6 +222,46 @@ class JobExecutor:
     def pilot_status(self) -> dict[str, Any]:
         """The pilot's own status: allocation, nodes, job counts (what ``pilot status`` shows)."""
         return self._backend.status()
+
+    def submit_sss(self, document: str | bytes) -> Sequence[Job]:
+        """Submit an SSS Job or JobGroup (XML text): one Job per SSS job, each followed like a submitted
+        one (``wait()``, callbacks). Every job is checked first and all are accepted or none: a bad
+        document raises InvalidJobException naming the line and element."""
+        text = document.decode("utf-8") if isinstance(document, bytes) else document
+        body = self._backend.request(wire.Kind.SUBMIT, {"jobs": [{"sss": text}]})
+        results = body.get("results")
+        result = results[0] if isinstance(results, list) and results and isinstance(results[0], dict) else {}
+        if "error" in result:
+            raise (SubmitException if result.get("transient") else InvalidJobException)(str(result["error"]))
+        jobs = []
+        for native_id in result.get("ids", []):
+            job = Job()
+            self.attach(job, str(native_id))
+            jobs.append(job)
+        return jobs
+
+    def explain(self, job: Job | str) -> Sequence[str]:
+        """Why the job is still QUEUED (what it waits for, or which requirement no node meets), or how
+        it ended (what ``pilot explain`` prints)."""
+        return [str(r) for r in self._per_job(wire.Kind.EXPLAIN, job).get("reasons", [])]
+
+    def show_xml(self, job: Job | str) -> str:
+        """The job as SSS Job XML: State, times, Delivered and its placed Task elements."""
+        return str(self._per_job(wire.Kind.SHOW, job)["xml"])
+
+    def nodes_xml(self) -> str:
+        """The pilot's nodes as SSS Node XML: Configured, Available and Utilized (measured by psutil)."""
+        return str(self._backend.request(wire.Kind.NODES, {})["xml"])
+
+    def _per_job(self, kind: str, job: Job | str) -> dict[str, Any]:
+        native_id = job if isinstance(job, str) else job.native_id
+        if native_id is None:
+            raise InvalidStateException("the job was never submitted")
+        results = self._backend.request(kind, {"ids": [native_id]}).get("results")
+        result = results[0] if isinstance(results, list) and results and isinstance(results[0], dict) else {}
+        if "error" in result or not result:
+            raise InvalidJobException(str(result.get("error", "no answer for the job")))
+        return result
 
     def close(self) -> None:
         """Done with this executor; the last user of an embedded pilot stops it."""

@@ -49,6 +49,28 @@ def main(argv: list[str] | None = None) -> None:
         "--timeout", type=float, help="with --drain: give up waiting after this many seconds (the drain goes on)"
     )
 
+    cred = sub.add_parser("credentials", help="write a remote client's access file (endpoint and keys, 0600)")
+    where(cred)
+    cred.add_argument("--client", type=Path, required=True, metavar="FILE", help="file to write (0600)")
+
+    sb = sub.add_parser("submit", help="submit an SSS Job or JobGroup XML file (- for stdin); prints the job ids")
+    where(sb)
+    sb.add_argument("file", help="SSS job XML (JobGroup or Job)")
+    sb.add_argument("--wait", action="store_true", help="wait until every job has ended; exit 1 if any failed")
+    sh = sub.add_parser("show", help="a job as SSS Job XML: State, Delivered, and its placed Tasks")
+    where(sh)
+    sh.add_argument("ids", nargs="+")
+    sh.add_argument("--xml", action="store_true", help="SSS XML (the default; the flag is accepted for clarity)")
+    ex = sub.add_parser("explain", help="why a job is still queued (or how it ended)")
+    where(ex)
+    ex.add_argument("ids", nargs="+")
+    nd = sub.add_parser("nodes", help="the nodes as SSS Node XML: Configured, Available, Utilized")
+    where(nd)
+    nd.add_argument("--xml", action="store_true", help="SSS Node XML (the default)")
+    rl = sub.add_parser("release", help="let jobs submitted with an SSS <Hold> run")
+    where(rl)
+    rl.add_argument("ids", nargs="+")
+
     run = sub.add_parser("run", help="the main job: N short tasks through the PSI/J client")
     run.add_argument("-n", "--tasks", type=int, default=1000)
     run.add_argument("--url", help="pilot address or run dir (default: running pilot, else embedded)")
@@ -65,6 +87,14 @@ def main(argv: list[str] | None = None) -> None:
             _down(args)
         elif args.command == "run":
             _run(args)
+        elif args.command == "submit":
+            _submit(args)
+        elif args.command in ("show", "explain", "release"):
+            _per_job(args)
+        elif args.command == "nodes":
+            _nodes(args)
+        elif args.command == "credentials":
+            _credentials(args)
     except config_mod.ConfigError as exc:
         print(f"pilot: config error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -194,6 +224,9 @@ def _status(args: argparse.Namespace) -> None:
     line = f"allocation {a.get('lrm')} {a.get('native_id')}: {a.get('state')}, {a.get('nodes')} node(s)"
     if a.get("remaining") is not None:
         line += f", {_dur(a['remaining'])} of walltime left"
+    native = " ".join(str(a[k]) for k in ("native_state", "reason") if a.get(k))
+    if native and a.get("state") in ("queued", "starting"):
+        line += f" [{a.get('lrm')}: {native}]"  # the batch system's own words: PENDING (Priority), ...
     if a.get("message"):
         line += f" ({a['message']})"
     print(line)
@@ -231,6 +264,100 @@ def _down(args: argparse.Namespace) -> None:
     print(f"pilot down: {rundir.path} stopped")
 
 
+# -- credentials ------------------------------------------------------------------------------------
+
+
+def _credentials(args: argparse.Namespace) -> None:
+    """A remote client needs the clients' CURVE endpoint, the daemon's key to pin and a client key pair:
+    one private file it can be given (``scp -p``), named by ``PILOT_CREDENTIALS`` or the executor's url."""
+    from pilot.security import ClientAccess, read_client_credentials, write_client_access
+
+    rundir = _rundir(args)
+    rundir.check()
+    info = rundir.read_info()
+    if info is None:
+        print(f"pilot: no pilot is running in {rundir.path}", file=sys.stderr)
+        sys.exit(1)
+    endpoint = info.get("client_tcp_url")
+    if not isinstance(endpoint, str):
+        print(
+            f'pilot: the pilot in {rundir.path} takes no remote clients; set client_transport = "tcp" under '
+            "[pilot] in its config (and client_bind to the interface clients reach), then restart it",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    access = ClientAccess(endpoint, read_client_credentials(rundir.keys_dir))
+    path = args.client.expanduser()
+    write_client_access(path, access)
+    print(f"pilot credentials: wrote {path} (mode 0600) for {endpoint}")
+    print("  copy it privately (scp -p) and set PILOT_CREDENTIALS to its path, or pass the path as the url")
+
+
+# -- SSS submit, show, explain, nodes, release -----------------------------------------------------------
+
+
+def _submit(args: argparse.Namespace) -> None:
+    from pilot import wire
+
+    try:
+        document = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    except OSError as exc:
+        print(f"pilot submit: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        sys.exit(2)
+    rundir = _rundir(args)
+    reply = _request(rundir, wire.Kind.SUBMIT, {"jobs": [{"sss": document.decode("utf-8", "replace")}]})
+    result = (reply.get("results") or [{}])[0]
+    if "error" in result:
+        print(f"pilot submit: {args.file}: {result['error']}", file=sys.stderr)
+        sys.exit(2)
+    for w in result.get("warnings", []):
+        print(f"pilot submit: warning: {w}", file=sys.stderr)
+    ids = [str(i) for i in result.get("ids", [])]
+    print(" ".join(ids), flush=True)
+    if not args.wait:
+        return
+    failed = False
+    pending = set(ids)
+    while pending:
+        for r in _request(rundir, wire.Kind.ATTACH, {"ids": sorted(pending)}).get("results", []):
+            status = r.get("status")
+            if status and status[1] in ("COMPLETED", "FAILED", "CANCELED"):
+                pending.discard(r["id"])
+                failed = failed or status[1] != "COMPLETED"
+                print(f"{r['id']} {status[1]}" + (f": {status[4]}" if status[4] else ""), flush=True)
+        if pending:
+            time.sleep(0.2)
+    if failed:
+        sys.exit(1)
+
+
+def _per_job(args: argparse.Namespace) -> None:
+    from pilot import wire
+
+    kind = {"show": wire.Kind.SHOW, "explain": wire.Kind.EXPLAIN, "release": wire.Kind.RELEASE}[args.command]
+    bad = False
+    for r in _request(_rundir(args), kind, {"ids": list(args.ids)}).get("results", []):
+        if "error" in r:
+            print(f"pilot {args.command}: {r['error']}", file=sys.stderr)
+            bad = True
+        elif args.command == "show":
+            print(r["xml"])
+        elif args.command == "explain":
+            print(f"job {r['id']} is {r['state']}:")
+            for reason in r.get("reasons", []):
+                print(f"  - {reason}")
+        else:
+            print(f"job {r['id']}: " + ("released" if r.get("released") else "was not held"))
+    if bad:
+        sys.exit(1)
+
+
+def _nodes(args: argparse.Namespace) -> None:
+    from pilot import wire
+
+    print(_request(_rundir(args), wire.Kind.NODES)["xml"])
+
+
 # -- run (the main job) -----------------------------------------------------------------------------
 
 
@@ -263,8 +390,8 @@ def _run(args: argparse.Namespace) -> None:
             time.sleep(0.05)
         t0 = time.monotonic()
         bar = tqdm(total=n, desc="tasks", unit="task", file=sys.stderr, mininterval=0.2)
-        for _ in range(n):
-            ex.submit(psij.Job(psij.JobSpec(executable=cmd[0], arguments=cmd[1:])))
+        # One bulk submission, as a workflow engine with the jobs at hand would (requests pipelined).
+        ex.submit_all([psij.Job(psij.JobSpec(executable=cmd[0], arguments=cmd[1:])) for _ in range(n)])
         t_submitted = time.monotonic()
         for _ in range(n):
             done.acquire()

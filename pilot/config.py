@@ -6,6 +6,7 @@ seconds, not a lost allocation.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 import tomllib
@@ -41,6 +42,13 @@ class PilotSettings:
     #: Unfinished (queued and running) jobs the pilot holds; beyond it, submits wait, then are refused
     #: (transient) -- the bound on the daemon's memory under a flood of submissions.
     max_queued: int = 100_000
+    #: How clients reach the daemon: "ipc" (the private socket in the run directory only) or "tcp" (also a
+    #: CURVE endpoint for remote clients holding this pilot's client key: ``pilot credentials --client``).
+    client_transport: str = "ipc"
+    #: Address, host name or interface of the clients' TCP endpoint; None: ``bind``, else this host's address.
+    client_bind: str | None = None
+    #: Port of the clients' TCP endpoint; 0: a free one (reused when a daemon resumes after a crash).
+    client_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +60,40 @@ class AllocationSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class LevelSettings:
+    """What the site says of one level (the allocation as a whole, or the nodes a pattern names):
+    features, fixed typed attribute values, and consumable capacities (SGE complex values)."""
+
+    features: tuple[str, ...] = ()
+    attributes: dict[str, str | float | bool] = field(default_factory=dict)
+    consumables: dict[str, float] = field(default_factory=dict)
+    #: [global] only: the allocation's Machine, Queue, User, Project ... for SSS Requested properties.
+    context: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     pilot: PilotSettings = field(default_factory=PilotSettings)
     allocation: AllocationSettings = field(default_factory=AllocationSettings)
+    #: Site-defined complex attributes: name -> {type, relop, shortcut, requestable, consumable, default}.
+    attributes: dict[str, Any] = field(default_factory=dict)
+    #: Allocation-wide (global) values and consumables, e.g. licenses shared by every node.
+    global_level: LevelSettings = field(default_factory=LevelSettings)
+    #: Per-node values, by node name or pattern (``*``, ``?``, ``[..]``), in config order.
+    nodes: tuple[tuple[str, LevelSettings], ...] = ()
     source: str = "<defaults>"
+
+    def node_level(self, name: str) -> LevelSettings:
+        """Everything the patterns matching ``name`` give it, later tables overriding earlier ones."""
+        features: list[str] = []
+        attributes: dict[str, str | float | bool] = {}
+        consumables: dict[str, float] = {}
+        for pattern, level in self.nodes:
+            if fnmatch.fnmatchcase(name, pattern):
+                features += [f for f in level.features if f not in features]
+                attributes.update(level.attributes)
+                consumables.update(level.consumables)
+        return LevelSettings(tuple(features), attributes, consumables)
 
 
 _LOG_LEVELS: Final = ("debug", "info", "warning", "error")
@@ -86,7 +124,7 @@ def load(path: Path | None) -> Config:
 
 
 def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
-    _only(raw, {"pilot", "allocation"}, "", source)
+    _only(raw, {"pilot", "allocation", "attributes", "global", "nodes"}, "", source)
     p = _table(raw, "pilot", source)
     d = PilotSettings()
     _only(p, set(PilotSettings.__dataclass_fields__), "pilot.", source)
@@ -102,7 +140,17 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
         walltime_margin=_pos(p, "walltime_margin", "pilot.", source, d.walltime_margin),
         agent_start_timeout=_pos(p, "agent_start_timeout", "pilot.", source, d.agent_start_timeout),
         max_queued=_get(p, "max_queued", int, "pilot.", source, d.max_queued),
+        client_transport=_get(p, "client_transport", str, "pilot.", source, d.client_transport),
+        client_bind=_get(p, "client_bind", str, "pilot.", source, d.client_bind),
+        client_port=_get(p, "client_port", int, "pilot.", source, d.client_port),
     )
+    if pilot.client_transport not in ("ipc", "tcp"):
+        raise ConfigError(
+            f"{source}: pilot.client_transport = {pilot.client_transport!r}; allowed: 'ipc' (local clients only) "
+            "or 'tcp' (also remote clients over CURVE)"
+        )
+    if not 0 <= pilot.client_port <= 65535:
+        raise ConfigError(f"{source}: pilot.client_port = {pilot.client_port}; give 1-65535, or 0 for a free port")
     if pilot.agent_transport not in (None, "ipc", "tcp"):
         raise ConfigError(f"{source}: pilot.agent_transport = {pilot.agent_transport!r}; allowed: 'ipc' or 'tcp'")
     if pilot.max_queued < 1:
@@ -128,6 +176,17 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
     if seconds is not None and seconds <= 0:
         raise ConfigError(f"{source}: allocation.walltime = {walltime!r}; it must be longer than 0 seconds")
     options = {k: v for k, v in a.items() if k not in ("lrm", "nodes", "walltime")}
+    attributes = _table(raw, "attributes", source)
+    registry = _registry(attributes, source)
+    global_level = _level(_table(raw, "global", source), "global.", source, registry)
+    node_tables = _table(raw, "nodes", source)
+    node_levels = tuple(
+        (
+            str(pattern),
+            _level(_sub_table(node_tables, pattern, "nodes.", source), f"nodes.{pattern}.", source, registry),
+        )
+        for pattern in node_tables
+    )
     return Config(
         pilot=pilot,
         allocation=AllocationSettings(
@@ -136,8 +195,67 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
             walltime=seconds,
             options=options,
         ),
+        attributes=attributes,
+        global_level=global_level,
+        nodes=node_levels,
         source=source,
     )
+
+
+def _registry(table: dict[str, Any], source: str) -> Any:
+    from pilot.scheduler.attributes import AttributeRegistry, ComplexAttributeError
+
+    try:
+        return AttributeRegistry.from_config(table, source=source)
+    except ComplexAttributeError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _sub_table(table: dict[str, Any], key: str, prefix: str, source: str) -> dict[str, Any]:
+    value = table[key]
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: [{prefix}{key}] must be a table (features, attributes, consumables)")
+    return value
+
+
+def _level(table: dict[str, Any], prefix: str, source: str, registry: Any) -> LevelSettings:
+    """One level's settings, each value checked against its attribute's type now, not at first match."""
+    from pilot.scheduler.attributes import AttributeValues, ComplexAttributeError, ConsumableKind
+    from pilot.scheduler.matching import GLOBAL_NAMES
+
+    names = set(GLOBAL_NAMES) if prefix == "global." else set()
+    _only(table, {"features", "attributes", "consumables"} | names, prefix, source)
+    context: dict[str, str] = {}
+    for name in names & set(table):
+        if not isinstance(table[name], str) or not table[name]:
+            raise ConfigError(f"{source}: {prefix}{name} must be a non-empty string")
+        context[name] = table[name]
+    features = table.get("features", [])
+    if not isinstance(features, list) or not all(isinstance(f, str) and f for f in features):
+        raise ConfigError(f"{source}: {prefix}features must be a list of non-empty strings")
+    attrs = table.get("attributes", {})
+    if not isinstance(attrs, dict) or not all(isinstance(v, str | int | float | bool) for v in attrs.values()):
+        raise ConfigError(f"{source}: {prefix}attributes must be a table of name = value (text, number or boolean)")
+    for name, value in attrs.items():
+        try:
+            AttributeValues().set_fixed(registry, {name: value}, level=f"{source}: {prefix}attributes")
+        except ComplexAttributeError as exc:
+            raise ConfigError(f"{source}: {prefix}attributes.{name}: {exc}") from None
+    cons = table.get("consumables", {})
+    if not isinstance(cons, dict):
+        raise ConfigError(f"{source}: {prefix}consumables must be a table of name = capacity")
+    capacities: dict[str, float] = {}
+    for name, value in cons.items():
+        key = f"{source}: {prefix}consumables.{name}"
+        if not _NAME_RE.fullmatch(name):
+            raise ConfigError(f"{key}: use letters, digits, '.', '_' or '-' in a consumable's name")
+        d = registry.get(name)
+        if d is not None and d.consumable is ConsumableKind.NO:
+            raise ConfigError(f"{key}: attribute {d.name!r} is not consumable; give it under attributes instead")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{key} = {value!r}; give a capacity as a number >= 0")
+        capacities[name] = float(value)
+    return LevelSettings(tuple(features), dict(attrs), capacities, context)
 
 
 def parse_size(value: Any, *, key: str, source: str) -> int:

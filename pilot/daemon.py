@@ -7,6 +7,7 @@ is where batching on every hop comes from.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import sys
@@ -21,26 +22,46 @@ import structlog
 import zmq
 
 import pilot
-from pilot import lrm, wire
+from pilot import lrm, site, wire
 from pilot.config import Config
+from pilot.formats import write_job, write_nodes
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers import LAUNCHERS, PlannedProcess, job_directory
+from pilot.launchers.base import rank_order
 from pilot.lrm.base import Allocation, AllocationRequest
 from pilot.model.job_description import DescriptionError, JobDescription
 from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import POST, PRE, ProcessOrder
+from pilot.model.sss import JobStatus, NodeObject, TaskStatus, job_with_status, node_object
+from pilot.model.sss.psij import to_sss
 from pilot.rundir import RunDir
-from pilot.scheduler import JobQueue, NodeSlots, can_wait_behind, never_fits, place, place_behind
+from pilot.scheduler import JobQueue, NodeSlots, RankPlacement, can_wait_behind, never_fits, place, place_behind
+from pilot.scheduler.attributes import ConsumableLedger
+from pilot.scheduler.dag import (
+    DEPENDS_ON,
+    JobGraph,
+    NewJob,
+    Outcome,
+    Verdict,
+    dependencies_from_custom,
+    edges_from_wire,
+)
+from pilot.scheduler.distribution import JobPlacement, Resources, SchedulingPass, TaskPlacement, why_not
+from pilot.scheduler.matching import Cluster, Matcher
 from pilot.security import (
     AGENT_DOMAIN,
+    CLIENT_DOMAIN,
     ZapAuthenticator,
     bind_host,
     credentials_file_env,
+    redact,
     secure_server,
     tcp_endpoint,
+    watch_handshakes,
 )
-from pilot.store import Batch, JournalError, Recovered, Store
+from pilot.sss_jobs import SssJob, prepare, read_submission
+from pilot.store import SSS_KEYS, Batch, JournalError, Recovered, Store
 from pilot.transport import Waiter, drain
 
 log = structlog.get_logger("pilot.daemon")
@@ -69,6 +90,7 @@ class AgentRecord:
     last_seen: float = field(default_factory=time.monotonic)
     registered: float = field(default_factory=time.time)
     load: list[float] = field(default_factory=list)
+    utilized: dict[str, float] = field(default_factory=dict)  # psutil on the node, from heartbeats
     processes: set[tuple[str, int]] = field(default_factory=set)
     #: Highest TASK_EVENTS sequence number handled: acknowledged (after the journal commit) on heartbeats.
     acked: int = 0
@@ -83,10 +105,17 @@ class Daemon:
         self.embedded = embedded
         self.lrm = lrm.create(config.allocation.lrm, options=config.allocation.options, source=config.source)
         self.jobs: dict[str, JobRecord] = {}
-        self.queue: JobQueue[JobRecord] = JobQueue(
-            key=lambda j: j.description.resources.key, alive=lambda j: j.phase == "queued"
-        )
+        self.queue: JobQueue[JobRecord] = JobQueue(key=lambda j: j.key, alive=lambda j: j.phase == "queued")
         self.nodes: dict[str, NodeSlots] = {}
+        #: What SSS matching sees (typed attributes, features, consumables) and what placement takes
+        #: from: the same NodeSlots as ``nodes``, plus consumable ledgers per node and for the allocation.
+        self.cluster: Cluster = site.cluster(config, lrm_kind=self.lrm.kind)
+        self.matcher = Matcher(self.cluster)
+        self.resources = Resources(self.nodes, {}, ConsumableLedger.of(self.cluster.global_capacity))
+        self.graph = JobGraph()  # dependencies between jobs
+        #: Accepted jobs not in the queue yet: waiting for their dependencies or an SSS <Hold> release.
+        self._blocked: dict[str, JobRecord] = {}
+        self._sss_fit: dict[Any, list[str]] = {}  # request key -> why it can never fit, per node set
         self.agents: dict[str, AgentRecord] = {}
         self.allocation: Allocation | None = None
         self.counts: Counter[JobState] = Counter()
@@ -119,6 +148,8 @@ class Daemon:
         self._closing = False  # the allocation's end is near: running tasks were told to stop
         self._missing_agents = ""  # reported when agents did not register in time
         self._agent_env: dict[str, str] = {}
+        self._curve_socks: list[zmq.Socket[bytes]] = []  # sockets with a CURVE endpoint: handshakes logged
+        self._remote_info: dict[str, str] = {}  # the clients' CURVE endpoint and key to pin, for pilot.json
         self.store: Store | None = None
         self._tx = Batch()  # the changes of the current burst, committed at the start of each flush
         self._dirty: set[JobRecord] = set()  # jobs whose row changed since the last commit
@@ -168,6 +199,7 @@ class Daemon:
         try:
             recovered = self._open_journal()
             self._clients.bind(self.client_url)
+            await self._bind_clients(resumed=recovered.allocation is not None)  # before any allocation: may fail
             if recovered.allocation is not None:
                 await self._resume(recovered)
             else:
@@ -186,6 +218,8 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 if self._zap is not None:
                     tg.start_soon(self._zap.serve)
+                for sock in self._curve_socks:
+                    tg.start_soon(self._watch_handshakes, sock)
                 tg.start_soon(self._io_loop)
                 tg.start_soon(self._monitor_loop)
                 if on_ready is not None:
@@ -276,13 +310,22 @@ class Daemon:
             if job.final:
                 continue  # the journal answers for it
             self.jobs[job.id] = job
+            self._rebuild_journaled(job)
             if job.phase == "queued":
-                self.queue.push(job)
+                if job.edges is None and not job.user_hold:
+                    self.queue.push(job)
+                else:
+                    self._blocked[job.id] = job
                 continue
+            placement = job.sss.placement if job.sss is not None else None
             for i, rank in enumerate(job.ranks):
                 slots = self.nodes.get(rank.node)
                 if slots is not None and i < len(job.held) and job.held[i]:
                     slots.take_exact(rank)
+                    if placement is not None and rank.node in self.resources.ledgers:
+                        pool = self.resources.global_ledger.capacity
+                        host = {k: v for k, v in placement.tasks[i].amounts if k not in pool}
+                        self.resources.ledgers[rank.node].take(host)
                     if job.description.resources.exclusive_node_use:
                         slots.exclusive_job = job.id
             for slot, plan in job.processes.items():
@@ -303,6 +346,8 @@ class Daemon:
                 self._finish(job)
             if job.processes and job.phase == "ranks" and any(p.order.after_cores for p in job.processes.values()):
                 self._waiting.add(job.id)
+        for blocked in list(self._blocked.values()):
+            self._unblock(blocked)
         self._alloc_seen = None
         self._commit()
         log.info(
@@ -313,6 +358,33 @@ class Daemon:
             nodes=len(self.agents),
             allocation=allocation.native_id,
         )
+
+    def _rebuild_journaled(self, job: JobRecord) -> None:
+        """A resumed job's SSS side, dependency edges and Hold, from what the journal kept. A running SSS
+        job's tasks map onto its ranks in order (its first variant: jobs with alternatives that ran
+        another variant show the first's task numbering)."""
+        extra, job.journaled = job.journaled, None
+        if not extra:
+            return
+        try:
+            if isinstance(extra.get("sss"), str):
+                job.sss = prepare(read_submission(extra["sss"])[0][0], self.cluster)
+                if job.ranks:
+                    job.sss.placement = _placement_from_ranks(job.sss, job.ranks)
+            if extra.get("edges"):
+                edges = edges_from_wire(extra["edges"])
+                self.graph.restore(job.id, job.description.name, edges, where=f"job {job.id}")
+                job.edges = extra["edges"]
+                for e in edges:
+                    for target in e.targets:
+                        if target not in self.graph.outcomes and (outcome := self._ended(target)) is not None:
+                            self.graph.outcomes[target] = outcome
+            job.user_hold = bool(extra.get("hold"))
+        except (DescriptionError, ValueError, IndexError) as exc:
+            log.error("journaled job cannot be rebuilt", job=job.id, error=str(exc))
+            if job.phase == "queued":
+                job.phase = "done"
+                self._set_state(job, JobState.FAILED, time.time(), message=f"not rebuilt after a restart: {exc}")
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -332,8 +404,9 @@ class Daemon:
         if endpoint is not None and not endpoint.startswith("tcp://"):
             endpoint = None
         keys = self.rundir.keys()
-        self._zap = ZapAuthenticator(self._ctx, keys.policy())
-        self._zap.start()
+        if self._zap is None:  # one per context, for both sockets' domains
+            self._zap = ZapAuthenticator(self._ctx, keys.policy())
+            self._zap.start()
         secure_server(self._agents_sock, keys.daemon, domain=AGENT_DOMAIN)
         local = self.lrm.kind == "local"
         if endpoint is not None:
@@ -351,9 +424,50 @@ class Daemon:
         bound = self._agents_sock.getsockopt(zmq.LAST_ENDPOINT)
         assert isinstance(bound, bytes)
         self.agent_url = bound.decode()
+        self._curve_socks.append(self._agents_sock)
         # A file only the user can read, named in the environment: /proc/<pid>/environ keeps what a process
         # was started with, so the keys themselves must not travel there.
         self._agent_env = credentials_file_env(keys.write_credentials_file("agent"))
+
+    async def _bind_clients(self, *, resumed: bool) -> None:
+        """With ``client_transport = "tcp"``, a CURVE endpoint on the clients' socket for remote clients: ZAP
+        admits only the client keys of this pilot (``keys/client.key``, ``keys/authorized/``), so other keys
+        fail the handshake and never reach the daemon's logic. The ipc endpoint, bound before, stays plain
+        (libzmq fixes an endpoint's security at bind time): the private run directory protects it."""
+        p = self.config.pilot
+        if p.client_transport != "tcp":
+            return
+        keys = self.rundir.keys()
+        if self._zap is None:
+            self._zap = ZapAuthenticator(self._ctx, keys.policy())
+            self._zap.start()
+        secure_server(self._clients, keys.daemon, domain=CLIENT_DOMAIN)
+        host = await anyio.to_thread.run_sync(lambda: bind_host(p.client_bind or p.bind))
+        endpoint = tcp_endpoint(host, p.client_port or "*")
+        last = (self.rundir.last_info() or {}).get("client_tcp_url") if resumed else None
+        if not p.client_port and isinstance(last, str) and last.startswith(tcp_endpoint(host, "")):
+            endpoint = last  # a daemon resuming after a crash: its remote clients reconnect where they were
+        try:
+            self._clients.bind(endpoint)
+        except zmq.ZMQError as exc:
+            if endpoint == last:
+                log.warning("cannot listen for remote clients where the last daemon did", url=last, error=str(exc))
+                self._clients.bind(tcp_endpoint(host))
+            else:
+                raise DaemonError(
+                    f"cannot listen for remote clients on {endpoint} ({exc}); free the port or change "
+                    "pilot.client_port / pilot.client_bind"
+                ) from None
+        bound = self._clients.getsockopt(zmq.LAST_ENDPOINT)
+        assert isinstance(bound, bytes)
+        self._curve_socks.append(self._clients)
+        self._remote_info = {"client_tcp_url": bound.decode(), "server_public": keys.daemon.public.decode()}
+        log.info("remote clients admitted over CURVE", url=bound.decode(), authorized=len(keys.policy()[CLIENT_DOMAIN]))
+
+    @staticmethod
+    async def _watch_handshakes(sock: zmq.Socket[bytes]) -> None:
+        """Peers refused before ZAP hears of them (no CURVE, another daemon's key) are logged too."""
+        await watch_handshakes(sock, server=True)
 
     async def _acquire(self) -> None:
         request = AllocationRequest(
@@ -380,6 +494,7 @@ class Daemon:
             "started": self.started,
             "config": self.config.source,
             "embedded": self.embedded,
+            **self._remote_info,
         }
 
     async def _shutdown(self) -> None:
@@ -465,6 +580,14 @@ class Daemon:
             return {"ids": sorted(set(known).union(self.jobs), key=_id_order)}
         if msg.kind == wire.Kind.STATUS:
             return self.status()
+        if msg.kind == wire.Kind.EXPLAIN:
+            return {"results": [self._explain(i) for i in wire.str_list(body, "ids")]}
+        if msg.kind == wire.Kind.SHOW:
+            return {"results": [self._show(i) for i in wire.str_list(body, "ids")]}
+        if msg.kind == wire.Kind.NODES:
+            return {"xml": write_nodes(self._node_objects())}
+        if msg.kind == wire.Kind.RELEASE:
+            return {"results": [self._release_hold(i) for i in wire.str_list(body, "ids")]}
         if msg.kind == wire.Kind.SHUTDOWN:
             if wire.opt_field(body, "drain", bool, False) and not self._stopping:
                 self._draining = True
@@ -527,6 +650,8 @@ class Daemon:
                 "error": "this pilot's allocation has ended ('pilot status' says why); start a new pilot",
                 "transient": True,
             }
+        if isinstance(raw, dict) and "sss" in raw:
+            return self._submit_sss(ident, raw)
         try:
             description = JobDescription.from_wire(raw)
             if description.launcher not in LAUNCHERS:
@@ -543,16 +668,129 @@ class Daemon:
             reason = self._never_fits(description)
             if reason is not None:
                 raise DescriptionError(f"the job can never run in this allocation: it {reason}")
+            job_id = str(self._seq + 1)
+            custom = description.custom_attributes
+            deps = dependencies_from_custom(custom) if DEPENDS_ON in custom else []
+            if deps:  # a job without dependencies stays out of the graph: nothing to pay on the hot path
+                self.graph.add(
+                    [NewJob(job_id, description.name, None, tuple(deps), f"job {job_id}")],
+                    known=self._known_job,
+                    named=self._named_jobs,
+                )
         except DescriptionError as exc:
             return {"error": str(exc)}
+        job = JobRecord(id=job_id, description=description)
+        job.edges = self.graph.edges_of(job_id) or None
+        self._accept(ident, job, dict(raw, edges=job.edges) if job.edges else raw)  # raw: from_wire accepted it
+        return {"id": job.id, "time": job.state_time}
+
+    def _accept(self, ident: bytes, job: JobRecord, raw: Any) -> None:
         self._seq += 1
-        job = JobRecord(id=str(self._seq), description=description)
+        assert job.id == str(self._seq)
         job.subscribers.add(ident)
         self.jobs[job.id] = job
-        self._tx.job_accepted(job.id, self._seq, raw, job.submitted)  # raw: from_wire accepted it
+        self._tx.job_accepted(job.id, self._seq, raw, job.submitted)
         self.counts[JobState.QUEUED] += 1
-        self.queue.push(job)
-        return {"id": job.id, "time": job.state_time}
+        if job.edges is None and not job.user_hold:
+            self.queue.push(job)
+        else:
+            for edge in job.edges or ():
+                for target in edge[4]:
+                    if target not in self.graph.outcomes and (outcome := self._ended(target)) is not None:
+                        self.graph.outcomes[target] = outcome  # it ended before this job came
+            self._blocked[job.id] = job
+            self._unblock(job)
+
+    def _ended(self, job_id: str) -> Outcome | None:
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return Outcome(job.state, job.exit_code, started=job.started is not None) if job.final else None
+        found = self.store.job_status(job_id) if self.store is not None else None
+        if found is None:
+            return None
+        _, state, _, code, _, metadata = found[0]
+        if not JobState(state).final:
+            return None
+        return Outcome(JobState(state), code, started=bool((metadata or {}).get("processes")))
+
+    def _named_jobs(self, name: str) -> list[str]:
+        """Unfinished jobs called ``name`` (a JobName dependency): a scan, paid only by such submits."""
+        return [j.id for j in self.jobs.values() if j.description.name == name and not j.final]
+
+    def _known_job(self, job_id: str) -> bool:
+        return job_id in self.jobs or (self.store is not None and self.store.job_status(job_id) is not None)
+
+    def _submit_sss(self, ident: bytes, raw: dict[str, Any]) -> dict[str, Any]:
+        """An SSS Job or JobGroup: every job checked (model, distribution, matching against this
+        allocation, dependencies and cycles) before any is accepted; all are accepted or none."""
+        document = raw.get("sss")
+        if not isinstance(document, str | bytes):
+            return {"error": "an SSS submission carries its XML document as text under 'sss'"}
+        try:
+            jobs, warnings = read_submission(document)
+            batch: list[tuple[JobRecord, SssJob]] = []
+            for i, source in enumerate(jobs):
+                job_id = str(self._seq + 1 + i)
+                sss = prepare(source, self.cluster)
+                self._check_sss(sss)
+                description = dataclasses.replace(sss.groups[0].template.description, launcher="single")
+                batch.append((JobRecord(id=job_id, description=description, sss=sss, user_hold=sss.hold), sss))
+            self.graph.add([sss.new_job(job.id) for job, sss in batch], known=self._known_job, named=self._named_jobs)
+        except DescriptionError as exc:  # SssError is one
+            return {"error": str(exc)}
+        for job, sss in batch:
+            job.edges = self.graph.edges_of(job.id) or None
+            if job.edges is None:  # found by id or name when someone depends on it
+                self.graph.forget([job.id])
+            entry = {**job.description.to_wire(), "sss": sss.xml, "edges": job.edges, "hold": job.user_hold}
+            self._accept(ident, job, entry)
+        return {"ids": [job.id for job, _ in batch], "warnings": warnings, "time": time.time()}
+
+    def _check_sss(self, sss: SssJob) -> None:
+        for g in sss.groups:
+            needs = LAUNCHERS[g.launcher].needs_lrm
+            if needs is not None and needs != self.lrm.kind:
+                raise DescriptionError(
+                    f"{sss.effective.where}: launcher {g.launcher!r} needs a {needs.capitalize()} allocation, and "
+                    f"this pilot's is {self.lrm.kind!r}"
+                )
+        a = self.allocation
+        if not self.cluster.nodes or (a is not None and len(self.cluster.nodes) < a.nodes):
+            return  # not every node is in yet: judged when the job is explained, not refused on a guess
+        key = sss.request.key
+        if key not in self._sss_fit:
+            self._sss_fit[key] = why_not(sss.request, self.matcher, self.resources, idle=True)
+        reasons = self._sss_fit[key]
+        if reasons:
+            raise DescriptionError(f"{sss.effective.where} can never run in this allocation: " + "; ".join(reasons))
+
+    def _unblock(self, job: JobRecord) -> None:
+        """A blocked job whose dependencies may be settled: to the queue, or FAILED if they never can be."""
+        if job.id not in self._blocked or job.final:
+            return
+        verdict, reasons = self.graph.verdict(job.id)
+        if verdict is Verdict.NEVER:
+            del self._blocked[job.id]
+            job.phase = "done"
+            self._set_state(job, JobState.FAILED, time.time(), message="not started: " + "; ".join(reasons))
+        elif verdict is Verdict.READY and not job.user_hold:
+            del self._blocked[job.id]
+            self.queue.push(job)
+
+    def _settle(self, job: JobRecord) -> None:
+        """A job ended that others may depend on: their verdicts follow (and theirs, and so on)."""
+        settled = self.graph.finish(job.id, Outcome(job.state, job.exit_code, started=job.started is not None))
+        for dep_id, _, _ in settled:
+            dependent = self._blocked.get(dep_id)
+            if dependent is not None:
+                self._unblock(dependent)
+        # Drop what nobody waits for any more: this job, and the ended jobs it waited for.
+        node = self.graph.jobs.get(job.id)
+        ended = [job.id] + [t for e in (node.edges if node else ()) for t in e.targets if t in self.graph.outcomes]
+        self.graph.forget(ended)
+        for j in ended:
+            if j not in self.graph.jobs and j not in self.graph.dependents:
+                self.graph.outcomes.pop(j, None)  # a later dependent gets it from memory or the journal
 
     def _check_agents_started(self) -> None:
         """Agents that have not registered ``agent_start_timeout`` after the allocation started are
@@ -608,9 +846,9 @@ class Daemon:
         for agent in list(self.agents.values()):
             self._agent_gone(agent, message)
         for job in list(self.jobs.values()):
-            if job.phase == "queued":
+            if job.phase == "queued" and not job.final:
                 job.phase = "done"
-                self.queue.drop()
+                self._dequeue(job)
                 self._set_state(job, JobState.FAILED, time.time(), message=message)
 
     def _never_fits(self, description: JobDescription) -> str | None:
@@ -630,6 +868,150 @@ class Daemon:
             known = set(self.nodes)
             nodes += [NodeSlots.from_configured(n) for n in self.allocation.expected_nodes if n.name not in known]
         return nodes
+
+    # -- explain, show, nodes, release ---------------------------------------------------------------
+
+    def _explain(self, job_id: str) -> dict[str, Any]:
+        """Why a job is still QUEUED (what it waits for, or which requirement no node meets), or how it
+        ended: for 'pilot explain' and the client's explain()."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            found = self.store.job_status(job_id) if self.store is not None else None
+            if found is None:
+                return {"error": f"no job {job_id!r} in this pilot"}
+            _, state, _, code, message, _ = found[0]
+            return {"id": job_id, "state": state, "reasons": [_ended_reason(state, code, message)]}
+        state = job.state.value
+        if job.final:
+            return {"id": job_id, "state": state, "reasons": [_ended_reason(state, job.exit_code, job.message)]}
+        if job.phase != "queued":
+            nodes = sorted({r.node for r in job.ranks})
+            return {"id": job_id, "state": state, "reasons": [f"it is running ({job.phase}) on {', '.join(nodes)}"]}
+        reasons: list[str] = []
+        if job.user_hold:
+            reasons.append(f"it is held (SSS <Hold>): 'pilot release {job_id}' lets it run")
+        if job.id in self._blocked:
+            verdict, waits = self.graph.verdict(job.id)
+            reasons += waits if verdict is Verdict.WAIT else []
+            if reasons:
+                return {"id": job_id, "state": state, "reasons": reasons}
+        if not self.cluster.nodes:
+            return {
+                "id": job_id,
+                "state": state,
+                "reasons": ["no node has registered yet (the allocation is starting)"],
+            }
+        if job.sss is not None:
+            never = why_not(job.sss.request, self.matcher, self.resources, idle=True)
+            if never:
+                return {"id": job_id, "state": state, "reasons": ["it can never run here: " + r for r in never]}
+            now = why_not(job.sss.request, self.matcher, self.resources)
+            reasons += [f"waits for resources: {r}" for r in now] or ["it fits now: the next scheduling pass starts it"]
+        else:
+            r = job.description.resources
+            never_reason = never_fits(r, self._capacity())
+            if never_reason is not None:
+                return {"id": job_id, "state": state, "reasons": [f"it can never run here: it {never_reason}"]}
+            free = sum(len(n.free_cores) for n in self.nodes.values() if n.usable)
+            reasons.append(
+                f"waits for resources: needs {r.process_count} process(es) of {r.cpu_cores_per_process} core(s)"
+                + (f" and {r.gpu_cores_per_process} GPU(s)" if r.gpu_cores_per_process else "")
+                + f"; {free} core(s) are free now"
+            )
+        ahead = sum(
+            1
+            for j in self.jobs.values()
+            if j.phase == "queued"
+            and j.key == job.key
+            and _id_order(j.id) < _id_order(job.id)
+            and j.id not in self._blocked
+        )
+        if ahead:
+            reasons.append(f"{ahead} job(s) with the same request were queued before it")
+        return {"id": job_id, "state": state, "reasons": reasons}
+
+    def _show(self, job_id: str) -> dict[str, Any]:
+        """The job as SSS Job XML with its State, times, Delivered and (once placed) its Task elements."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            source = job.sss.shown if job.sss is not None else to_sss(job.description)
+            status: list[Any] = [job.id, job.state.value, job.state_time, job.exit_code, job.message, job.metadata]
+            started, ended, held = job.started, job.ended, job.user_hold
+            tasks = self._task_status(job)
+            submitted: float | None = job.submitted
+        else:
+            found = self.store.job_record(job_id) if self.store is not None else None
+            if found is None:
+                return {"error": f"no job {job_id!r} in this pilot"}
+            raw, status, submitted, started, ended = found
+            try:
+                plain = {k: v for k, v in raw.items() if k not in SSS_KEYS}
+                source = read_submission(raw["sss"])[0][0] if "sss" in raw else to_sss(JobDescription.from_wire(plain))
+            except DescriptionError as exc:
+                return {"error": f"job {job_id}: its journaled description cannot be read: {exc}"}
+            held = False
+            tasks = [
+                TaskStatus(int(g), int(t), str(n), list(c), list(gp))
+                for g, t, n, c, gp in (status[5] or {}).get("tasks", [])
+            ]
+        st = JobStatus(
+            id=job_id,
+            state=JobState(status[1]),
+            held=held,
+            exit_code=status[3],
+            message=status[4],
+            submit_time=submitted,
+            start_time=started,
+            end_time=ended,
+            delivered=status[5] or {},
+            tasks=tasks,
+        )
+        return {"id": job_id, "xml": write_job(job_with_status(source, st))}
+
+    def _task_status(self, job: JobRecord) -> list[TaskStatus]:
+        if job.sss is not None and job.sss.placement is not None:
+            return [TaskStatus(t.group, t.task, t.node, t.cores, t.gpus) for t in job.sss.placement.tasks]
+        return [TaskStatus(0, i, r.node, r.cores, r.gpus) for i, r in enumerate(job.ranks)]
+
+    def _node_objects(self) -> list[NodeObject]:
+        out = []
+        for name, agent in self.agents.items():
+            slots = self.nodes.get(name)
+            m = self.cluster.nodes.get(name)
+            ledger = self.resources.ledgers.get(name)
+            out.append(
+                node_object(
+                    agent.node,
+                    state={"active": "Idle" if slots is not None and not slots.holders else "Busy"}.get(
+                        agent.state, "Down"
+                    ),
+                    free_processors=len(slots.free_cores) if slots is not None else None,
+                    free_gpus=len(slots.free_gpus) if slots is not None else None,
+                    free_memory=slots.free_memory if slots is not None else None,
+                    utilized=agent.utilized or None,
+                    resources={
+                        k.removeprefix("Resource:"): (cap, ledger.free.get(k, 0.0))
+                        for k, cap in ledger.capacity.items()
+                    }
+                    if ledger is not None
+                    else None,
+                    attributes={k: v for k, v in m.values.effective(self.cluster.registry).items()}
+                    if m is not None
+                    else None,
+                    features=sorted(m.features) if m is not None else None,
+                )
+            )
+        return out
+
+    def _release_hold(self, job_id: str) -> dict[str, Any]:
+        job = self.jobs.get(job_id)
+        if job is None or job.final:
+            return {"error": f"job {job_id!r} is not waiting in this pilot"}
+        if not job.user_hold:
+            return {"id": job_id, "released": False}
+        job.user_hold = False
+        self._unblock(job)
+        return {"id": job_id, "released": True}
 
     def _cancel_request(self, job_id: str) -> dict[str, Any]:
         job = self.jobs.get(job_id)
@@ -697,6 +1079,7 @@ class Daemon:
                     # Processes this daemon does not know (or declared lost): the agent must not keep them.
                     self._kills[name]["unknown to the daemon"].extend(running)
             agent.acked = max(agent.acked, seq)
+            self._node_measures(agent, msg.body)
             self._to_agent(
                 name,
                 wire.Kind.REGISTERED,
@@ -715,6 +1098,7 @@ class Daemon:
             load = msg.body.get("load")
             if isinstance(load, list) and all(isinstance(x, int | float) for x in load):
                 agent.load = load[:3]
+            self._node_measures(agent, msg.body)
             self._to_agent(name, wire.Kind.HEARTBEAT, {"known": True, "acked": agent.acked})
         elif msg.kind == wire.Kind.TASK_EVENTS:
             agent.last_seen = time.monotonic()
@@ -727,10 +1111,31 @@ class Daemon:
 
     def _register(self, node: NodeConfigured) -> None:
         self._fit_cache.clear()
+        self._sss_fit.clear()
         self.agents[node.name] = AgentRecord(name=node.name, node=node)
         self.nodes[node.name] = NodeSlots.from_configured(node)
+        self.cluster.add(site.match_node(self.config, self.cluster.registry, node))
+        capacity = site.node_capacity(self.config, node.name)
+        if capacity:
+            self.resources.ledgers[node.name] = ConsumableLedger.of(capacity)
         self._tx.node_registered(node)
         log.info("agent registered", node=node.name, cores=len(node.processors), gpus=len(node.gpus))
+
+    def _node_measures(self, agent: AgentRecord, body: dict[str, Any]) -> None:
+        """A heartbeat's load values (SGE load_avg, mem_free, ...) refresh what matching sees; its
+        utilization (psutil on the node) is the SSS Node's Utilized category."""
+        values = body.get("values")
+        if isinstance(values, dict) and len(values) <= 64:
+            m = self.cluster.nodes.get(agent.name)
+            if m is not None:
+                clean = {k: v for k, v in values.items() if isinstance(k, str) and isinstance(v, int | float | str)}
+                before = m.values.version
+                m.values.report_load(self.cluster.registry, clean)
+                if m.values.version != before:
+                    self.cluster.touch()
+        used = body.get("utilized")
+        if isinstance(used, dict) and len(used) <= 16:
+            agent.utilized = {k: float(v) for k, v in used.items() if isinstance(k, str) and isinstance(v, int | float)}
 
     def _readopt(self, agent: AgentRecord, node: NodeConfigured, running: list[Any], events: list[Any]) -> None:
         """An agent of the allocation this daemon resumed is back. Its running processes that the journal
@@ -743,6 +1148,7 @@ class Daemon:
         agent.last_seen = time.monotonic()
         self.nodes[agent.name].usable = True
         self._fit_cache.clear()
+        self._sss_fit.clear()
         keys = {(k[0], k[1]) for k in running if isinstance(k[0], str) and isinstance(k[1], int)}
         for ev in events:
             self._on_process_event(agent, ev)
@@ -775,6 +1181,8 @@ class Daemon:
         if agent.state != "active":
             return
         self._fit_cache.clear()
+        self._sss_fit.clear()
+        self.cluster.remove(agent.name)
         agent.state = state
         slots = self.nodes.get(agent.name)
         if slots is not None:
@@ -854,6 +1262,7 @@ class Daemon:
         behind = self.config.pilot.backlog
         end = self._allocation_end(earliest=True)
         now = time.time()
+        sss_pass: SchedulingPass | None = None  # one per scheduling pass: its category cursors stay valid
         for key, _ in self.queue.heads():
             while (job := self.queue.peek(key)) is not None:
                 d = job.description
@@ -874,6 +1283,16 @@ class Daemon:
                         ),
                     )
                     continue
+                if job.sss is not None:
+                    if sss_pass is None:
+                        sss_pass = SchedulingPass(self.matcher, self.resources)
+                    placement = sss_pass.place(job.id, job.sss.request)
+                    if placement is None:
+                        break
+                    job.sss.placement = placement
+                    self.queue.pop_head(key)
+                    self._start(job, [RankPlacement(t.node, t.cores, t.gpus, t.memory) for t in placement.tasks])
+                    continue
                 ranks = place(d.resources, nodes, job_id=job.id)
                 if ranks is None and behind and can_wait_behind(d.resources) and not (d.pre_launch or d.post_launch):
                     ranks = place_behind(d.resources, nodes)
@@ -889,7 +1308,10 @@ class Daemon:
         self._placed.add(job)
         self._dirty.add(job)
         plans = self._plan(job, environment=None)
-        if d.pre_launch or (len(plans) > 1 and (d.stdout_path or d.stderr_path)):
+        shared_output = len(plans) > 1 and (d.stdout_path or d.stderr_path)
+        if job.sss is not None and not job.sss.groups[0].template.truncate:
+            shared_output = False  # redirectList="Append": earlier output stays
+        if d.pre_launch or shared_output:
             job.phase = "pre"
             order = self._hook_order(job, PRE, "pre", d.pre_launch, truncate=True)
             order.cores = ranks[0].cores
@@ -913,6 +1335,8 @@ class Daemon:
             self._dispatch(job, p)
 
     def _plan(self, job: JobRecord, *, environment: dict[str, str] | None) -> list[PlannedProcess]:
+        if job.sss is not None:
+            return self._plan_sss(job, job.sss, environment=environment)
         plans = LAUNCHERS[job.description.launcher].plan(
             job_id=job.proc_id,
             description=job.description,
@@ -920,6 +1344,61 @@ class Daemon:
             hosts=self._hosts(job),
             environment=environment,
         )
+        if job.attempt:
+            for p in plans:
+                p.order.rank_environment["PILOT_JOB_ID"] = job.id
+        return plans
+
+    def _plan_sss(self, job: JobRecord, sss: SssJob, *, environment: dict[str, str] | None) -> list[PlannedProcess]:
+        """Each task group by its launcher: one process per task (each running its own Task element's
+        executable, streams and limits), or one parallel launch; slots are the job's rank indices."""
+        assert sss.placement is not None
+        tasks = sss.placement.tasks
+        hosts = self._hosts(job)
+        members: dict[int, list[int]] = defaultdict(list)
+        for i, t in enumerate(tasks):
+            members[t.group].append(i)
+        plans: list[PlannedProcess] = []
+        for group, indices in sorted(members.items()):
+            g = sss.groups[group]
+            group_hosts = [hosts[i] for i in indices]
+            if g.launcher != "multiple":
+                d = dataclasses.replace(
+                    g.template.description,
+                    launcher=g.launcher,
+                    resources=dataclasses.replace(
+                        sss.request.variants[sss.placement.variant][group].slot_request, process_count=len(indices)
+                    ),
+                )
+                for p in LAUNCHERS[g.launcher].plan(
+                    job_id=job.proc_id,
+                    description=d,
+                    ranks=[job.ranks[i] for i in indices],
+                    hosts=group_hosts,
+                    environment=environment,
+                ):
+                    p.order.slot = indices[p.order.slot] if p.order.slot >= 0 else p.order.slot
+                    p.holds = [indices[h] for h in p.holds]
+                    p.order.rank_environment["PILOT_TASK_GROUP"] = str(group)
+                    plans.append(p)
+                continue
+            for i in indices:
+                t = tasks[i]
+                launch = g.task(t.task)
+                order = rank_order(
+                    job_id=job.proc_id,
+                    slot=i,
+                    description=launch.description,
+                    cores=t.cores,
+                    gpus=t.gpus,
+                    hosts=group_hosts,
+                    environment=environment,
+                    truncate=launch.truncate and len(tasks) == 1,
+                )
+                order.rank_environment["PILOT_TASK_GROUP"] = str(group)
+                order.rank_environment["PILOT_TASK_ID"] = str(t.task)
+                order.rlimits = [[r.resource, r.soft, r.hard] for r in launch.rlimits]
+                plans.append(PlannedProcess(t.node, order, [i]))
         if job.attempt:
             for p in plans:
                 p.order.rank_environment["PILOT_JOB_ID"] = job.id
@@ -1023,6 +1502,7 @@ class Daemon:
         """Back to the queue for another attempt, placed afresh (the lost node is not usable). Its
         state stays ACTIVE: PSI/J has no way back to QUEUED, and for the user the job is still running."""
         lost = next(r for r in job.results.values() if r.reason == "lost")
+        self._release_job_amounts(job)
         for i in range(len(job.ranks)):
             self._release_rank(job, i)
         job.attempt += 1
@@ -1043,6 +1523,12 @@ class Daemon:
             job.held[i] = False
             rank = job.ranks[i]
             node = self.nodes.get(rank.node)
+            placement = job.sss.placement if job.sss is not None else None
+            if placement is not None and i < len(placement.tasks):
+                pool = self.resources.global_ledger.capacity
+                host = {k: v for k, v in placement.tasks[i].amounts if k not in pool}
+                if host and rank.node in self.resources.ledgers:
+                    self.resources.ledgers[rank.node].give_back(host)
             if node is not None:
                 node.give_back(rank)
                 if node.exclusive_job == job.id and not any(
@@ -1061,12 +1547,30 @@ class Daemon:
         self._dirty.add(job)
         if job.phase == "queued":
             job.phase = "done"
-            self.queue.drop()
+            self._dequeue(job)
             self._set_state(job, JobState.CANCELED, time.time(), message=reason)
         else:
             self._kill_outstanding(job, reason="canceled")
 
+    def _dequeue(self, job: JobRecord) -> None:
+        """A queued job leaves without being placed (canceled, failed): from the queue, or from the jobs
+        blocked on dependencies or a Hold."""
+        if self._blocked.pop(job.id, None) is None:
+            self.queue.drop()
+
+    def _release_job_amounts(self, job: JobRecord) -> None:
+        """Consumables a placed SSS job holds once for the whole job (licenses): back when it ends."""
+        placement = job.sss.placement if job.sss is not None else None
+        if placement is None:
+            return
+        for level, amounts in placement.per_job:
+            ledger = self.resources.global_ledger if level == "global" else self.resources.ledgers.get(level)
+            if ledger is not None:
+                ledger.give_back(dict(amounts))
+        placement.per_job = []
+
     def _finish(self, job: JobRecord) -> None:
+        self._release_job_amounts(job)
         for i in range(len(job.ranks)):
             self._release_rank(job, i)
         job.phase = "done"
@@ -1148,6 +1652,11 @@ class Daemon:
             "processes": sum(1 for slot in job.results if slot >= 0),
             "exit_code": exit_code,
             "signal": signal,
+            **(
+                {"tasks": [[t.group, t.task, t.node, t.cores, t.gpus] for t in job.sss.placement.tasks]}
+                if job.sss is not None and job.sss.placement is not None
+                else {}
+            ),
         }
 
     def _set_state(
@@ -1174,6 +1683,8 @@ class Daemon:
         status = job.status()
         for ident in job.subscribers:
             self._events[ident][job.id] = status
+        if state.final and (job.id in self.graph.jobs or job.id in self.graph.dependents):
+            self._settle(job)
 
     # -- flush & monitor ----------------------------------------------------------------------------
 
@@ -1317,7 +1828,7 @@ class Daemon:
                             "features": n.features,
                         }
                     )
-        return {
+        st: dict[str, Any] = {
             "pilot": self._info()
             | {
                 "rundir": str(self.rundir.path),
@@ -1330,6 +1841,8 @@ class Daemon:
             "jobs": {s.value: n for s, n in self.counts.items() if n},
             "queued": len(self.queue) + len(self._waiting),
         }
+        masked: dict[str, Any] = redact(st)  # nothing that looks like a secret leaves in a status
+        return masked
 
 
 def _send(sock: zmq.Socket[bytes], frames: list[bytes]) -> bool | None:
@@ -1357,6 +1870,25 @@ def _id_order(job_id: str) -> tuple[int, str]:
 
 def _opt_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _placement_from_ranks(sss: SssJob, ranks: list[RankPlacement]) -> JobPlacement:
+    variant = sss.request.variants[0]
+    tasks = []
+    i = 0
+    for group, g in enumerate(variant):
+        for t in range(g.task_count):
+            r = ranks[i]
+            tasks.append(TaskPlacement(group, t, r.node, r.cores, r.gpus, r.memory, g.per_task))
+            i += 1
+    return JobPlacement(tasks, 0)
+
+
+def _ended_reason(state: str, code: int | None, message: str | None) -> str:
+    text = f"it ended {state}"
+    if code is not None:
+        text += f" with exit code {code}"
+    return text + (f": {message}" if message else "")
 
 
 def _signame(sig: int) -> str:

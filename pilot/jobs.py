@@ -10,6 +10,7 @@ from pilot.launchers.base import PlannedProcess
 from pilot.model.job_description import JobDescription
 from pilot.model.job_state import JobState
 from pilot.scheduler.placement import RankPlacement
+from pilot.sss_jobs import SssJob
 
 
 @dataclass(slots=True)
@@ -50,6 +51,18 @@ class JobRecord:
     started: float | None = None
     ended: float | None = None
     subscribers: set[bytes] = field(default_factory=set)
+    #: Its SSS side (task groups, resolved request, placement) when it was submitted as SSS XML.
+    sss: SssJob | None = None
+    #: Resolved dependency edges, as the journal keeps them: [[condition, code, [job ids]], ...].
+    edges: list[Any] | None = None
+    user_hold: bool = False  # SSS <Hold>: waits until 'pilot release'
+    #: What the journal held beside the description (SSS document, edges, Hold): rebuilt on resume.
+    journaled: dict[str, Any] | None = None
+
+    @property
+    def key(self) -> Any:
+        """Its scheduling category: identical requests are placed alike."""
+        return self.description.resources.key if self.sss is None else self.sss.request.key
 
     @property
     def final(self) -> bool:

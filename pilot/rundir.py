@@ -101,6 +101,15 @@ class RunDir:
             return None
         return info
 
+    def last_info(self) -> dict[str, Any] | None:
+        """``pilot.json`` as left, whether or not its daemon still lives: a daemon resuming after a crash
+        listens again where its predecessor did, so remote clients find it at the same endpoint."""
+        try:
+            info = json.loads(self.info_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return info if isinstance(info, dict) else None
+
     def remove_info(self) -> None:
         for p in (self.info_file, self.socket_dir() / "client.sock", self.socket_dir() / "agent.sock"):
             try:

@@ -8,7 +8,8 @@ A login node is shared by hundreds of users, so a pilot is closed by default:
 - a ZAP handler (:class:`ZapAuthenticator`) admits only the public keys this pilot generated, so a
   connection without the right key is refused in the handshake and never reaches the daemon's logic;
 - keys live in ``<rundir>/keys`` as 0600 files (:class:`KeyStore`), reach agents through the environment
-  or a private file (:func:`credentials_env`, :func:`credentials_from_env`), never a command line;
+  or a private file (:func:`credentials_env`, :func:`credentials_from_env`), never a command line, and
+  remote clients through a private access file that also names the endpoint (:class:`ClientAccess`);
 - log events lose task environments and secret-looking values (:class:`RedactSecrets`).
 """
 
@@ -52,6 +53,9 @@ ENV_PUBLIC_KEY: Final = "PILOT_CURVE_PUBLIC_KEY"
 ENV_SECRET_KEY: Final = "PILOT_CURVE_SECRET_KEY"
 ENV_FILE: Final = "PILOT_CURVE_FILE"
 CREDENTIAL_VARIABLES: Final = (ENV_SERVER_KEY, ENV_PUBLIC_KEY, ENV_SECRET_KEY, ENV_FILE)
+#: Names a remote client's access file (endpoint and keys, 0600; ``pilot credentials --client FILE``).
+#: A path, not a secret: the file's mode protects the keys, so it may sit in a job script.
+ENV_CLIENT_ACCESS: Final = "PILOT_CREDENTIALS"
 
 ROLES: Final = ("daemon", "agent", "client")
 
@@ -350,6 +354,38 @@ def read_credentials(path: Path) -> Credentials:
         raise SecurityError(f"credentials file {path} lacks {', '.join(missing)}; write it with write_credentials")
     keys = KeyPair.from_secret(found["secret-key"])
     return Credentials(found["server-key"], keys)
+
+
+_ENDPOINT_LINE: Final = re.compile(r'^\s*endpoint\s*=\s*"([^"]*)"\s*$')
+
+
+@dataclass(frozen=True, slots=True)
+class ClientAccess:
+    """A remote client's way in: the daemon's CURVE endpoint for clients and the credentials admitted there.
+    One file holds both, so a client on another host needs nothing else from the run directory."""
+
+    endpoint: str
+    credentials: Credentials
+
+
+def write_client_access(path: Path, access: ClientAccess) -> None:
+    """The access file (0600 from its first byte): copy it with ``scp -p`` so it stays private."""
+    creds = access.credentials
+    keys = {"server-key": creds.server_public, "public-key": creds.keys.public, "secret-key": creds.keys.secret}
+    text = _key_file_text("Remote Client Access", keys)
+    write_private(path, text.replace("\ncurve\n", f'\n    endpoint = "{access.endpoint}"\ncurve\n', 1))
+
+
+def read_client_access(path: Path) -> ClientAccess:
+    """An access file written by :func:`write_client_access`, refused if others could read it."""
+    creds = read_credentials(path)
+    endpoints = [m.group(1) for line in path.read_text().splitlines() if (m := _ENDPOINT_LINE.match(line))]
+    if len(endpoints) != 1 or not endpoints[0].startswith("tcp://"):
+        raise SecurityError(
+            f"{path} names no tcp:// endpoint; write it again with 'pilot credentials --client {path}' on the "
+            f"pilot's host"
+        )
+    return ClientAccess(endpoints[0], creds)
 
 
 def credentials_from_env(environ: MutableMapping[str, str] | None = None, *, remove: bool = True) -> Credentials | None:

@@ -113,6 +113,10 @@ def _pack(obj: Any) -> bytes:
     return _packer.pack(obj)  # type: ignore[no-any-return]
 
 
+#: Keys the daemon adds to a journaled description: the SSS document, resolved dependency edges, Hold.
+SSS_KEYS: Final = ("sss", "edges", "hold")
+
+
 def _unpack(blob: bytes) -> Any:
     return msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=True)
 
@@ -453,10 +457,13 @@ class Store:
                 un,
             ) = row
             try:
-                description = JobDescription.from_wire(_unpack(desc))
+                raw = _unpack(desc)
+                extra = {k: raw.pop(k) for k in SSS_KEYS if isinstance(raw, dict) and k in raw}
+                description = JobDescription.from_wire(raw)
             except Exception as exc:
                 raise ValueError(f"job {jid}: {exc}") from None
             job = JobRecord(id=jid, description=description, submitted=submitted, state=JobState(state))
+            job.journaled = extra or None
             job.state_time = st
             job.exit_code = code
             job.message = msg
@@ -525,22 +532,37 @@ class Store:
     def job_status(self, job_id: str) -> tuple[list[Any], str | None] | None:
         """A job's status in its wire form and its name, from the journal (the daemon keeps only jobs
         that have not ended in memory); None when there is no such job."""
+        found = self.job_record(job_id)
+        if found is None:
+            return None
+        raw, status, _, _, _ = found
+        name = raw.get("name")
+        return status, name if isinstance(name, str) else None
+
+    def job_record(self, job_id: str) -> tuple[dict[str, Any], list[Any], float, float | None, float | None] | None:
+        """A job's description as accepted (the wire map, with its SSS document if it came as one), its
+        status, and its submit, start and end times: what 'pilot show' needs of an ended job."""
         try:
             row = self._db.execute(
-                "SELECT state, state_time, exit_code, message, metadata, description FROM jobs WHERE id = ?",
+                "SELECT description, state, state_time, exit_code, message, metadata, submitted, started, ended "
+                "FROM jobs WHERE id = ?",
                 (job_id,),
             ).fetchone()
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
         if row is None:
             return None
-        state, t, code, message, meta, desc = row
+        desc, state, t, code, message, meta, submitted, started, ended = row
         try:
-            name = _unpack(desc).get("name")
+            raw = _unpack(desc)
+        except (ValueError, TypeError, msgpack.UnpackException):
+            raw = None
+        try:
             metadata = _unpack(meta) if meta is not None else None
-        except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
-            name, metadata = None, None
-        return [job_id, state, t, code, message, metadata or None], name if isinstance(name, str) else None
+        except (ValueError, TypeError, msgpack.UnpackException):
+            metadata = None
+        status = [job_id, state, t, code, message, metadata or None]
+        return raw if isinstance(raw, dict) else {}, status, submitted, started, ended
 
     def close(self) -> None:
         """Checkpoint and close (a clean shutdown leaves just ``journal.db``)."""

@@ -29,6 +29,10 @@ class Kind:
     LIST: Final = "list"
     STATUS: Final = "status"
     SHUTDOWN: Final = "shutdown"
+    EXPLAIN: Final = "explain"  # why a job waits (or failed)
+    SHOW: Final = "show"  # jobs as SSS Job XML, with State, Delivered and placed Tasks
+    NODES: Final = "nodes"  # the nodes as SSS Node XML: Configured, Available, Utilized
+    RELEASE: Final = "release"  # lift an SSS <Hold>
     # daemon -> client
     REPLY: Final = "reply"
     EVENTS: Final = "events"
@@ -45,7 +49,19 @@ class Kind:
 
 
 CLIENT_KINDS: Final = frozenset(
-    {Kind.HELLO, Kind.SUBMIT, Kind.CANCEL, Kind.ATTACH, Kind.LIST, Kind.STATUS, Kind.SHUTDOWN}
+    {
+        Kind.HELLO,
+        Kind.SUBMIT,
+        Kind.CANCEL,
+        Kind.ATTACH,
+        Kind.LIST,
+        Kind.STATUS,
+        Kind.SHUTDOWN,
+        Kind.EXPLAIN,
+        Kind.SHOW,
+        Kind.NODES,
+        Kind.RELEASE,
+    }
 )
 AGENT_KINDS: Final = frozenset({Kind.REGISTER, Kind.HEARTBEAT, Kind.TASK_EVENTS, Kind.BYE})
 TO_CLIENT_KINDS: Final = frozenset({Kind.REPLY, Kind.EVENTS})

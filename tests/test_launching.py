@@ -184,17 +184,19 @@ def test_multiple_ranks_share_truncated_stdout_without_pre_launch(start_pilot, t
 def test_failing_rank_ends_the_job_and_its_siblings(start_pilot, tmp_path: Path) -> None:
     pilot = start_pilot(FOUR_CORES)
     ex = pilot.executor()
-    # Rank 1 fails once both siblings are running; they would sleep for a minute.
+    # Rank 1 fails once both siblings are running (and the test holds their pids: read before the go,
+    # else a fast failure can end them first); they would sleep for a minute.
     script = (
         f"echo $$ > {tmp_path}/pid.$PILOT_RANK; "
         'if [ "$PILOT_RANK" = 1 ]; then '
-        f"while [ ! -e {tmp_path}/pid.0 ] || [ ! -e {tmp_path}/pid.2 ]; do sleep 0.02; done; exit 5; "
+        f"while [ ! -e {tmp_path}/go ]; do sleep 0.02; done; exit 5; "
         "fi; exec sleep 60"
     )
     job = psij.Job(sh(script, launcher="multiple", resources=psij.ResourceSpecV1(process_count=3)))
     t0 = time.monotonic()
     ex.submit(job)
     siblings = [read_pid(tmp_path / f"pid.{i}") for i in (0, 2)]
+    (tmp_path / "go").touch()
     st = job.wait(timeout=WAIT)
     assert st is not None and st.state is JobState.FAILED, st
     assert time.monotonic() - t0 < 15
@@ -411,7 +413,8 @@ def test_inherit_environment_false(start_pilot, tmp_path: Path, monkeypatch) -> 
     assert env["ONLY"] == "this" and env["N"] == "1"
     assert env["PILOT_RANK"] == "0" and env["PILOT_SIZE"] == "1"
     assert env["PILOT_JOB_ID"]
-    assert set(env) <= {"ONLY", "N", "PILOT_JOB_ID", "PILOT_RANK", "PILOT_SIZE", "PSIJ_NODEFILE"}, sorted(env)
+    pilot_vars = {"PILOT_JOB_ID", "PILOT_RANK", "PILOT_SIZE", "PILOT_NODE", "PSIJ_NODEFILE"}
+    assert set(env) <= {"ONLY", "N", *pilot_vars}, sorted(env)
     assert st.state is JobState.COMPLETED
 
     completed(ex, psij.JobSpec(executable=ENV, environment={"ONLY": "this"}, stdout_path=inherited))

@@ -3,6 +3,11 @@
 Each virtual node gets its own share of the cpus (or ``cores_per_node`` declared cores, mapped onto
 the real ones, which oversubscribes when the machine has fewer), its share of memory, and declared
 GPUs (``gpus_per_node``), so that multi-node behaviour is testable on one machine.
+
+``launch = "null"`` makes every agent simulate its orders instead of running them (``null_duration``
+seconds each; see :mod:`agent.simulated`): a benchmark mode for the scheduler and the wire. With it,
+``nodes_per_agent`` virtual nodes share one agent process (each still its own agent: socket,
+identity, registration, heartbeats), so a thousand nodes cost a few processes, not a thousand.
 """
 
 from __future__ import annotations
@@ -28,7 +33,16 @@ from pilot.model.node import NodeConfigured
 
 log = structlog.get_logger("pilot.lrm.local")
 
-_OPTIONS = {"cores_per_node", "gpus_per_node", "memory_per_node", "features", "agent_python"}
+_OPTIONS = {
+    "cores_per_node",
+    "gpus_per_node",
+    "memory_per_node",
+    "features",
+    "agent_python",
+    "launch",
+    "null_duration",
+    "nodes_per_agent",
+}
 
 
 class LocalExecutor(LrmExecutor):
@@ -56,6 +70,25 @@ class LocalExecutor(LrmExecutor):
         if python is not None and not isinstance(python, str):
             raise ConfigError(f"{source}: allocation.agent_python must be a path to a Python interpreter")
         self._agent_python: str | None = python
+        launch = options.get("launch", "spawn")
+        if launch not in ("spawn", "null"):
+            raise ConfigError(
+                f"{source}: allocation.launch = {launch!r} must be 'spawn' (run the tasks) or 'null' "
+                "(simulate them: benchmarks only)"
+            )
+        self._launch: str = launch
+        duration = options.get("null_duration", 0.0)
+        if isinstance(duration, bool) or not isinstance(duration, int | float) or not 0 <= duration < float("inf"):
+            raise ConfigError(f"{source}: allocation.null_duration = {duration!r} must be a number of seconds >= 0")
+        if "null_duration" in options and launch != "null":
+            raise ConfigError(f"{source}: allocation.null_duration needs allocation.launch = 'null'")
+        self._null_duration = float(duration)
+        self._nodes_per_agent = _opt_int(options, "nodes_per_agent", source) or 1
+        if self._nodes_per_agent > 1 and launch != "null":
+            raise ConfigError(
+                f"{source}: allocation.nodes_per_agent = {self._nodes_per_agent} needs allocation.launch = 'null' "
+                "(agents that run real processes need one process per node: each reaps its own children)"
+            )
         self._workdirs: dict[str, Path] = {}
         self._procs: dict[str, list[_AgentProcess]] = {}
         self.cpu_maps: list[dict[int, int]] = []
@@ -113,24 +146,29 @@ class LocalExecutor(LrmExecutor):
             walltime=request.walltime,
         )
         procs = []
-        for node, cpu_map in zip(nodes, self.cpu_maps, strict=True):
-            workdir = request.workdir / node.name
-            workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        per = self._nodes_per_agent
+        for first in range(0, len(nodes), per):
+            group = list(zip(nodes[first : first + per], self.cpu_maps[first : first + per], strict=True))
+            name = group[0][0].name
             env = dict(os.environ)
             env.update(request.agent_env)
-            env["PILOT_AGENT_NODE"] = node.name
+            if self._launch == "null":
+                env["PILOT_AGENT_LAUNCH"] = "null"
+                env["PILOT_AGENT_NULL_DURATION"] = repr(self._null_duration)
+            specs = [self._spec(node, cpu_map) for node, cpu_map in group]
+            if per == 1:
+                workdir = request.workdir / name
+                env["PILOT_AGENT_NODE"] = name
+                env["PILOT_NODE_SPEC"] = json.dumps(specs[0])
+            else:
+                workdir = request.workdir / f"{name}+{len(group) - 1}"
+            workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if per > 1:  # a file: the environment holds at most 128 KiB per variable
+                specs_file = workdir / "nodes.json"
+                await anyio.to_thread.run_sync(specs_file.write_text, json.dumps(specs))
+                env["PILOT_NODE_SPECS_FILE"] = str(specs_file)
             env["PILOT_AGENT_DIR"] = str(workdir)
-            env["PILOT_NODE_SPEC"] = json.dumps(
-                {
-                    "name": node.name,
-                    "processors": node.processors,
-                    "memory": node.memory,
-                    "gpus": node.gpus if self._gpus_per_node is not None else None,
-                    "features": node.features,
-                    "cpu_map": {str(k): v for k, v in cpu_map.items()},
-                }
-            )
-            logf = await anyio.to_thread.run_sync(_open_log, request.workdir / f"{node.name}.log")
+            logf = await anyio.to_thread.run_sync(_open_log, request.workdir / f"{name}.log")
             try:
                 argv = list(request.agent_argv)
                 if self._agent_python:
@@ -140,12 +178,23 @@ class LocalExecutor(LrmExecutor):
                 )
             finally:
                 logf.close()
-            procs.append(_AgentProcess.started(node.name, proc))
+            procs.append(_AgentProcess.started(name, proc))
         self._procs[native_id] = procs
         self._workdirs[native_id] = request.workdir
         alloc.detail = {"workdir": str(request.workdir), "agents": [a.to_wire() for a in procs]}
         log.info("local allocation active", id=native_id, nodes=[n.name for n in nodes])
         return alloc
+
+    def _spec(self, node: NodeConfigured, cpu_map: dict[int, int]) -> dict[str, Any]:
+        """What the agent of ``node`` is told about it (``PILOT_NODE_SPEC``)."""
+        return {
+            "name": node.name,
+            "processors": node.processors,
+            "memory": node.memory,
+            "gpus": node.gpus if self._gpus_per_node is not None else None,
+            "features": node.features,
+            "cpu_map": {str(k): v for k, v in cpu_map.items()},
+        }
 
     async def reattach(self, allocation: Allocation) -> None:
         """The agents a previous daemon started outlived it (their own sessions): find them by pid and

@@ -44,6 +44,9 @@ class ProcessOrder:
     script: str | None = None  # pre_launch / post_launch path for those roles
     #: Its cores are still held by processes the agent runs or was told to run: start it when they exit.
     after_cores: bool = False
+    #: SSS ResourceLimits: [[resource.RLIMIT_* name, soft or None, hard or None]], set in the child
+    #: before exec (None keeps the current limit; -1 is unlimited).
+    rlimits: list[list[Any]] = field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
         # Not dataclasses.asdict: it deep-copies every list and map, ~170 us per order on the hot path.
@@ -92,7 +95,41 @@ class ProcessOrder:
             nodefile_hosts=None if hosts is None else wire.str_list(raw, "nodefile_hosts"),
             script=wire.opt_field(raw, "script", str),
             after_cores=wire.opt_field(raw, "after_cores", bool, False),
+            rlimits=_rlimits(raw.get("rlimits")),
         )
+
+
+#: The limits a task may set (setrlimit's own names), and nothing else from a hostile order.
+RLIMIT_NAMES: Final = frozenset(
+    {
+        "RLIMIT_AS",
+        "RLIMIT_CORE",
+        "RLIMIT_CPU",
+        "RLIMIT_DATA",
+        "RLIMIT_FSIZE",
+        "RLIMIT_MEMLOCK",
+        "RLIMIT_NOFILE",
+        "RLIMIT_NPROC",
+        "RLIMIT_RSS",
+        "RLIMIT_STACK",
+    }
+)
+
+
+def _rlimits(raw: Any) -> list[list[Any]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or len(raw) > len(RLIMIT_NAMES):
+        raise wire.ProtocolError("rlimits must be a short list")
+    out = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 3 and item[0] in RLIMIT_NAMES):
+            raise wire.ProtocolError(f"an rlimit is [RLIMIT_* name, soft, hard], not {item!r}")
+        for v in item[1:]:
+            if v is not None and (type(v) is not int or v < -1):
+                raise wire.ProtocolError(f"rlimit {item[0]}: limits are whole numbers >= -1 or None")
+        out.append(list(item))
+    return out
 
 
 _FIELD_NAMES: Final = tuple(f.name for f in fields(ProcessOrder))

@@ -102,13 +102,22 @@ class JobGraph:
     names: dict[str, list[str]] = field(default_factory=dict)
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     dependents: dict[str, set[str]] = field(default_factory=dict)
+    #: Names of targets found by name outside the graph (for messages).
+    aliases: dict[str, str] = field(default_factory=dict)
 
     # -- submission ----------------------------------------------------------------------------------
 
-    def add(self, batch: Sequence[NewJob], *, known: Callable[[str], bool] | None = None) -> None:
+    def add(
+        self,
+        batch: Sequence[NewJob],
+        *,
+        known: Callable[[str], bool] | None = None,
+        named: Callable[[str], Sequence[str]] | None = None,
+    ) -> None:
         """Register jobs submitted together; all or none. Raises :class:`SssError` naming the
         Dependency that names no job, or the cycle. ``known`` says whether a pilot job id exists
-        (beyond those this graph has seen)."""
+        (beyond those this graph has seen); ``named`` lists the unfinished jobs of a name it has not
+        seen (jobs without dependencies stay out of the graph, so submitting them costs nothing)."""
         by_local: dict[str, str] = {j.id: j.id for j in batch}
         local_ids: set[str] = set()
         batch_names: dict[str, list[str]] = {}
@@ -128,7 +137,7 @@ class JobGraph:
         for j in batch:
             edges = []
             for dep in j.dependencies:
-                targets = self._resolve(dep, by_local, batch_names, known)
+                targets = self._resolve(dep, by_local, batch_names, known, named)
                 if not targets:
                     by = "JobId" if dep.designator == "JobId" else "JobName"
                     raise SssError(
@@ -153,9 +162,14 @@ class JobGraph:
         by_local: Mapping[str, str],
         batch_names: Mapping[str, list[str]],
         known: Callable[[str], bool] | None,
+        named: Callable[[str], Sequence[str]] | None,
     ) -> tuple[str, ...]:
         if dep.designator == "JobName":
-            return tuple(batch_names.get(dep.target, [])) + tuple(self.names.get(dep.target, []))
+            seen = [*batch_names.get(dep.target, []), *self.names.get(dep.target, [])]
+            others = [j for j in named(dep.target) if j not in seen] if named is not None else []
+            for j in others:
+                self.aliases[j] = dep.target
+            return tuple(seen + others)
         if dep.target in by_local:
             return (by_local[dep.target],)
         if dep.target in self.jobs or dep.target in self.outcomes or (known is not None and known(dep.target)):
@@ -190,6 +204,25 @@ class JobGraph:
         for j in batch:
             if color.get(j.id) is None:
                 visit(j.id)
+
+    def restore(self, job_id: str, name: str | None, edges: Sequence[Edge], *, where: str = "") -> None:
+        """A job the journal held, with the edges resolved when it was submitted (after a restart)."""
+        self.jobs[job_id] = _Node(name, tuple(edges), where)
+        if name:
+            self.names.setdefault(name, []).append(job_id)
+        for e in edges:
+            for t in e.targets:
+                self.dependents.setdefault(t, set()).add(job_id)
+
+    def edges_of(self, job_id: str) -> list[Any]:
+        """A job's resolved edges as the journal keeps them: [[condition, code, designator, target, [ids]]]."""
+        node = self.jobs.get(job_id)
+        if node is None:
+            return []
+        return [
+            [e.dependency.condition, e.dependency.code, e.dependency.designator, e.dependency.target, list(e.targets)]
+            for e in node.edges
+        ]
 
     # -- progress ------------------------------------------------------------------------------------
 
@@ -233,12 +266,29 @@ class JobGraph:
             if node is not None and node.name and j in self.names.get(node.name, []):
                 self.names[node.name].remove(j)
             self.dependents.pop(j, None)
+            self.aliases.pop(j, None)
 
     def _label(self, job_id: str) -> str:
         node = self.jobs.get(job_id)
-        if node is not None and node.name:
-            return f"job {job_id} ({node.name!r})"
-        return f"job {job_id}"
+        name = node.name if node is not None else self.aliases.get(job_id)
+        return f"job {job_id} ({name!r})" if name else f"job {job_id}"
+
+
+def edges_from_wire(raw: Any) -> list[Edge]:
+    """Edges from :meth:`JobGraph.edges_of` (read back from the journal): anything else is an error."""
+    out = []
+    if not isinstance(raw, list):
+        raise ValueError("dependency edges must be a list")
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 5):
+            raise ValueError("a dependency edge is [condition, code, designator, target, ids]")
+        cond, code, designator, target, ids = item
+        if cond not in ("OnSuccess", "OnFailure", "OnExit") or not (code is None or type(code) is int):
+            raise ValueError(f"bad dependency condition {cond!r} {code!r}")
+        if not (isinstance(target, str) and isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+            raise ValueError("dependency targets must be strings")
+        out.append(Edge(Dependency(target, cond, code, str(designator)), tuple(ids)))
+    return out
 
 
 def _cond(dep: Dependency) -> str:

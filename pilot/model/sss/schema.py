@@ -170,8 +170,8 @@ def _rlimit(p: Property) -> str | None:
 
 def _extension(p: Property) -> str | None:
     name = p.get("name") or ""
-    if name in KNOWN_EXTENSIONS or p.get("type") == "CustomAttribute":
-        return None
+    if name in KNOWN_EXTENSIONS or p.get("type") in ("CustomAttribute", "Attribute"):
+        return None  # a typed (SGE complex) attribute: matching checks its name against the registry
     return f"Extension {name!r} is not one this pilot understands"
 
 
@@ -261,8 +261,9 @@ JOB_PROPERTIES: Final[Mapping[str, ElementSpec]] = {
         _e("Swap", Kind.FLOAT, attributes=_CONS, categories=_RD, acted=True, check=_consumable),
         _e("Resource", Kind.FLOAT, attributes=_CONS | {"name", "type"}, required=frozenset({"name"}),
            repeatable=True, categories=_RD, acted=True, check=_consumable),
+        # Requested only as a typed attribute (type="Attribute", with op/conj/group/preference).
         _e("Extension", attributes=frozenset({"name", "type"}), required=frozenset({"name"}), repeatable=True,
-           acted=True, check=_extension),
+           categories="R", acted=True, check=_extension),
     )
 }  # fmt: skip
 

@@ -1,0 +1,278 @@
+"""Batched submission through the public client: ``JobExecutor.submit_all`` (PSI/J's bulk submit) and
+concurrent ``submit()`` calls coalesced into shared SUBMIT frames (group submit).
+
+Real daemons, agents and task processes: every job that is said to be submitted must really run
+(each one touches its own file), and every job that is said to have failed must not exist in the pilot.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import Pilot
+from pilot_waits import agents_active, wait_for
+from test_client_resilience import Restartable, restartable, strays  # noqa: F401 -- fixtures
+
+import client as psij
+from client import JobState
+from pilot import wire
+
+CONFIG = """
+[allocation]
+lrm = "local"
+nodes = 1
+cores_per_node = 4
+"""
+
+WAIT = 60.0
+
+
+def touch(path: Path, **kwargs: object) -> psij.JobSpec:
+    return psij.JobSpec(executable="/usr/bin/touch", arguments=[str(path)], **kwargs)  # type: ignore[arg-type]
+
+
+class Recorder:
+    """(job, state, native id at the time) for every executor callback, in the order they fired per job."""
+
+    def __init__(self) -> None:
+        self.by_job: dict[str, list[tuple[JobState, str | None]]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, job: psij.Job, status: psij.JobStatus) -> None:
+        with self._lock:
+            self.by_job.setdefault(job.id, []).append((status.state, job.native_id))
+
+
+def outputs(tmp_path: Path) -> Path:
+    """A directory for the tasks' files only (the pilot's config and home sit in ``tmp_path``)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    return out
+
+
+def final(job: psij.Job) -> psij.JobStatus:
+    status = job.wait(timeout=WAIT)
+    assert status is not None and status.final, f"job {job.native_id} not final: {job.status}"
+    return status
+
+
+@pytest.mark.timeout(120)
+def test_submit_all_submits_the_good_jobs_and_names_each_bad_one(
+    start_pilot: Callable[..., Pilot], tmp_path: Path
+) -> None:
+    ex = start_pilot(CONFIG).executor()
+    tmp_path = outputs(tmp_path)
+    rec = Recorder()
+    ex.set_job_status_callback(rec)
+    already = psij.Job(touch(tmp_path / "already"))
+    ex.submit(already)
+    n = 2600  # three requests (1,000 jobs each at most), so errors land in more than one of them
+    jobs = [psij.Job(touch(tmp_path / f"out-{i}")) for i in range(n)]
+    bad_launcher = {5, 1500, 2599}  # refused by the daemon, each in a different request
+    for i in bad_launcher:
+        jobs[i] = psij.Job(touch(tmp_path / f"out-{i}", launcher="nope"))
+    jobs[10] = psij.Job()  # no spec: refused by the client before anything is sent
+    jobs[20] = already  # submitted before: InvalidStateException
+    jobs.append(jobs[30])  # the same job twice in one call: the second copy is refused
+
+    with pytest.raises(psij.BatchSubmitException) as caught:
+        ex.submit_all(jobs)
+    err = caught.value
+    expected = {5: psij.InvalidJobException, 10: psij.InvalidJobException, 20: psij.InvalidStateException}
+    expected |= {1500: psij.InvalidJobException, 2599: psij.InvalidJobException, n: psij.InvalidStateException}
+    assert [job for job, _ in err.failed] == [jobs[i] for i in sorted(expected)]
+    assert [type(e) for _, e in err.failed] == [expected[i] for i in sorted(expected)]
+    assert list(err.exceptions) == [e for _, e in err.failed]
+    assert all(getattr(e, "job") is job for job, e in err.failed)  # noqa: B009
+    assert err.jobs == [job for job, _ in err.failed]
+    assert all("launcher 'nope'" in str(e) for job, e in err.failed if job in [jobs[i] for i in bad_launcher])
+    assert f"{len(expected)} of {n + 1} jobs" in str(err)
+    # except* picks one kind out of the group, still knowing each exception's job
+    picked: list[BaseExceptionGroup[BaseException]] = []
+    try:
+        raise err
+    except* psij.InvalidStateException as group:
+        picked.append(group)
+    except* psij.InvalidJobException:
+        pass
+    assert isinstance(picked[0], psij.BatchSubmitException)
+    assert picked[0].jobs == [jobs[20], jobs[30]]
+
+    good = [j for i, j in enumerate(jobs[:n]) if i not in expected]
+    refused = [jobs[i] for i in (5, 10, 1500, 2599)]
+    for job in refused:
+        assert job.status.state is JobState.NEW and job.native_id is None and job.executor is None
+    # Every good job was QUEUED with its native id by the time submit_all returned, and runs.
+    ids = [job.native_id for job in good]
+    assert None not in ids and len(set(ids)) == len(good)
+    assert set(ids) | {already.native_id} == set(ex.list()), "the pilot holds exactly the jobs said submitted"
+    for job in good:
+        assert final(job).state is JobState.COMPLETED
+    assert final(already).state is JobState.COMPLETED
+    made = {p.name for p in tmp_path.iterdir()}
+    assert made == {f"out-{i}" for i in range(n) if i not in expected} | {"already"}
+    # Callbacks: per job, QUEUED first (with the native id known), then ACTIVE, then COMPLETED.
+    for job in good:
+        assert rec.by_job[job.id] == [
+            (JobState.QUEUED, job.native_id),
+            (JobState.ACTIVE, job.native_id),
+            (JobState.COMPLETED, job.native_id),
+        ]
+    for job in refused:
+        assert job.id not in rec.by_job
+    # A refused job can be fixed and submitted again.
+    jobs[10].spec = touch(tmp_path / "fixed")
+    ex.submit_all([jobs[10]])
+    assert final(jobs[10]).state is JobState.COMPLETED and (tmp_path / "fixed").exists()
+
+
+@pytest.mark.timeout(60)
+def test_submit_all_of_nothing_or_of_good_jobs_raises_nothing(
+    start_pilot: Callable[..., Pilot], tmp_path: Path
+) -> None:
+    ex = start_pilot(CONFIG).executor()
+    tmp_path = outputs(tmp_path)
+    ex.submit_all([])
+    jobs = [psij.Job(touch(tmp_path / f"g-{i}")) for i in range(5)]
+    ex.submit_all(iter(jobs))  # any iterable
+    assert all(final(job).state is JobState.COMPLETED for job in jobs)
+    assert len({p.name for p in tmp_path.iterdir()}) == 5
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_submits_share_one_frame_and_keep_their_own_results(
+    start_pilot: Callable[..., Pilot], tmp_path: Path
+) -> None:
+    ex = start_pilot(CONFIG).executor()
+    tmp_path = outputs(tmp_path)
+    agents_active(ex, 1)
+    conn = ex._backend.connection
+    # Hold the connection's I/O thread in a reply hook, so that the submits below all queue up behind
+    # it; released, they leave together.
+    hold, holding = threading.Event(), threading.Event()
+
+    def hook(_: dict[str, object]) -> None:
+        holding.set()
+        hold.wait(30)
+
+    lister = threading.Thread(target=lambda: conn.request(wire.Kind.LIST, {}, timeout=30, on_reply=hook))
+    lister.start()
+    assert holding.wait(20)
+    rec = Recorder()
+    ex.set_job_status_callback(rec)
+    threads, n = 12, 3
+    results: dict[int, list[psij.Job | BaseException]] = {t: [] for t in range(threads)}
+
+    def work(t: int) -> None:
+        for i in range(n):
+            bad = t == 0 and i == 1
+            job = psij.Job(touch(tmp_path / f"t{t}-{i}", launcher="nope" if bad else None))
+            try:
+                ex.submit(job)
+                results[t].append(job)
+            except BaseException as exc:  # recorded for the asserts below
+                results[t].append(exc)
+
+    before = conn.submit_frames
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    # Each thread's first submit is queued (the I/O thread is held); none has returned yet.
+    wait_for(lambda: len(conn._outbox) == threads, what="every thread's submit to be queued")
+    assert all(not r for r in results.values())
+    hold.set()
+    for w in workers:
+        w.join(60)
+    lister.join(30)
+    assert not any(w.is_alive() for w in workers)
+    # The first submit of all threads went in one frame; the rest followed in as few as came together.
+    assert conn.submit_frames - before <= 1 + (n - 1) * threads
+    assert conn.submit_frames - before < n * threads
+    errors = [r for rs in results.values() for r in rs if isinstance(r, BaseException)]
+    assert len(errors) == 1 and isinstance(errors[0], psij.InvalidJobException), errors
+    assert isinstance(results[0][1], psij.InvalidJobException), "the error is raised by the call that made it"
+    jobs = [r for rs in results.values() for r in rs if isinstance(r, psij.Job)]
+    assert len(jobs) == threads * n - 1
+    assert len({j.native_id for j in jobs}) == len(jobs) and None not in {j.native_id for j in jobs}
+    for job in jobs:
+        assert final(job).state is JobState.COMPLETED
+        assert [s for s, _ in rec.by_job[job.id]] == [JobState.QUEUED, JobState.ACTIVE, JobState.COMPLETED]
+        assert rec.by_job[job.id][0][1] == job.native_id
+    assert len(list(tmp_path.iterdir())) == threads * n - 1
+
+
+@pytest.mark.timeout(90)
+def test_a_batch_in_flight_when_the_daemon_dies_fails_transient_and_is_never_resent(
+    restartable: Restartable,  # noqa: F811 -- the fixture imported above
+) -> None:
+    r = restartable
+    ex = r.executor(request_timeout=60)  # the loss, not the timeout, must end the wait
+    agents_active(ex, 1)
+    conn = ex._backend.connection
+    daemon = psutil.Process(r.pilot.pid)
+    daemon.suspend()  # reads nothing: the batch below is in flight, unanswered, when the daemon dies
+    jobs = [psij.Job(psij.JobSpec(executable="/bin/true")) for _ in range(2500)]
+    errors: list[BaseException] = []
+
+    def submit() -> None:
+        try:
+            ex.submit_all(jobs)
+        except BaseException as exc:  # recorded for the asserts below
+            errors.append(exc)
+
+    t = threading.Thread(target=submit)
+    try:
+        t.start()
+        wait_for(lambda: conn.in_flight() == 3, what="the batch's three requests to be sent")
+        r.kill_daemon()
+    finally:
+        try:
+            daemon.resume()
+        except psutil.NoSuchProcess:
+            pass
+    t.join(30)
+    assert not t.is_alive(), "the in-flight batch hangs"
+    assert len(errors) == 1 and isinstance(errors[0], psij.BatchSubmitException), errors
+    failed = errors[0].failed
+    assert [job for job, _ in failed] == jobs
+    for _, exc in failed:
+        assert isinstance(exc, psij.SubmitException) and exc.transient
+        assert "may or may not have been accepted" in str(exc), exc
+    assert all(job.status.state is JobState.NEW and job.native_id is None for job in jobs)
+
+    r.up_again()
+    # Anything the executor sent again would be answered before this list(): nothing was.
+    assert ex.list() == []
+    again = jobs[:10]
+    ex.submit_all(again)  # the caller decides to submit them again: they run once
+    assert all(final(job).state is JobState.COMPLETED for job in again)
+    assert sorted(ex.list(), key=int) == sorted((str(j.native_id) for j in again), key=int)
+
+
+@pytest.mark.timeout(60)
+def test_a_silent_daemon_fails_a_batch_at_request_timeout_and_it_is_accepted_once_later(
+    restartable: Restartable,  # noqa: F811 -- the fixture imported above
+) -> None:
+    r = restartable
+    ex = r.executor(request_timeout=1)
+    agents_active(ex, 1)
+    daemon = psutil.Process(r.pilot.pid)
+    daemon.suspend()
+    jobs = [psij.Job(psij.JobSpec(executable="/bin/true")) for _ in range(2500)]
+    try:
+        with pytest.raises(psij.BatchSubmitException) as caught:
+            ex.submit_all(jobs)
+    finally:
+        daemon.resume()
+    assert [job for job, _ in caught.value.failed] == jobs
+    for _, exc in caught.value.failed:
+        assert isinstance(exc, psij.SubmitException) and exc.transient
+        assert "request_timeout" in str(exc) and "list()" in str(exc), exc
+    assert all(job.status.state is JobState.NEW and job.executor is None for job in jobs)
+    # What the message warns about: the daemon read the batch once it ran again -- once, not twice.
+    wait_for(lambda: len(ex.list()) == 2500, what="the late batch to be accepted")
+    assert len(ex.list()) == 2500

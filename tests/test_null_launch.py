@@ -1,0 +1,150 @@
+"""Null (simulated) launches and virtual nodes hosted by one agent process (``allocation.launch = "null"``,
+``nodes_per_agent``): the benchmark mode that measures the scheduler and the wire at many nodes.
+
+A real daemon and a real agent process over real sockets; only the tasks are simulated. Each test
+checks that nothing was spawned (the tasks would have written files) and that the simulation keeps the
+rules real launches keep: states in order, exact core ownership, walltime, cancel.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import Pilot
+from pilot_waits import agents_active
+
+import client as psij
+from client import JobState
+from pilot.config import ConfigError
+from pilot.lrm.local import LocalExecutor
+
+WAIT = 30.0
+
+
+def null_config(*, nodes: int, cores: int, per: int, duration: float = 0.0) -> str:
+    return f"""
+[pilot]
+backlog = 1
+[allocation]
+lrm = "local"
+nodes = {nodes}
+cores_per_node = {cores}
+launch = "null"
+null_duration = {duration}
+nodes_per_agent = {per}
+"""
+
+
+class Seen:
+    """Every status each job's callbacks got, in order."""
+
+    def __init__(self) -> None:
+        self.by_job: dict[str, list[psij.JobStatus]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, job: psij.Job, status: psij.JobStatus) -> None:
+        with self._lock:
+            self.by_job.setdefault(job.id, []).append(status)
+
+
+def final(job: psij.Job) -> psij.JobStatus:
+    status = job.wait(timeout=WAIT)
+    assert status is not None and status.final, f"job {job.native_id} not final: {job.status}"
+    return status
+
+
+def agent_processes(p: Pilot) -> list[psutil.Process]:
+    return [c for c in psutil.Process(p.pid).children() if "agent" in " ".join(c.cmdline())]
+
+
+@pytest.mark.timeout(90)
+def test_null_launches_on_virtual_nodes_of_one_agent_process_spawn_nothing(
+    start_pilot: Callable[..., Pilot], tmp_path: Path
+) -> None:
+    p = start_pilot(null_config(nodes=5, cores=2, per=5))
+    ex = p.executor()
+    status = agents_active(ex, 5)
+    assert sorted(n["name"] for n in status["nodes"]) == [f"local-{i}" for i in range(5)]
+    assert len(agent_processes(p)) == 1, "five virtual nodes, one agent process"
+    seen = Seen()
+    ex.set_job_status_callback(seen)
+    out = tmp_path / "out"
+    out.mkdir()
+    jobs = [psij.Job(psij.JobSpec(executable="/usr/bin/touch", arguments=[str(out / f"f{i}")])) for i in range(200)]
+    ex.submit_all(jobs)
+    for job in jobs:
+        assert final(job).state is JobState.COMPLETED
+        states = [s.state for s in seen.by_job[job.id]]
+        assert states == [JobState.QUEUED, JobState.ACTIVE, JobState.COMPLETED], states
+        assert job.status.exit_code == 0
+    assert list(out.iterdir()) == [], "a simulated launch must not run anything"
+    nodes = {n for job in jobs for n in (job.status.metadata or {}).get("nodes", [])}
+    assert nodes == {f"local-{i}" for i in range(5)}, "the work is spread over every virtual node"
+
+
+@pytest.mark.timeout(90)
+def test_simulated_tasks_keep_exact_core_ownership(start_pilot: Callable[..., Pilot]) -> None:
+    p = start_pilot(null_config(nodes=2, cores=2, per=2, duration=0.2))
+    ex = p.executor()
+    agents_active(ex, 2)
+    seen = Seen()
+    ex.set_job_status_callback(seen)
+    jobs = [psij.Job(psij.JobSpec(executable="/bin/true")) for _ in range(16)]
+    ex.submit_all(jobs)
+    intervals: dict[str, list[tuple[float, float]]] = {}
+    for job in jobs:
+        status = final(job)
+        assert status.state is JobState.COMPLETED
+        meta = status.metadata or {}
+        (node,) = meta["nodes"]
+        active = next(s for s in seen.by_job[job.id] if s.state is JobState.ACTIVE)
+        assert active.time is not None and status.time is not None
+        assert status.time - active.time >= 0.2 - 1e-3, "it lasted its simulated duration"
+        intervals.setdefault(node, []).append((active.time, status.time))
+    # 16 one-core tasks of 0.2 s on 2 x 2 cores: never more than 2 at a time on a node.
+    for node, spans in intervals.items():
+        edges = sorted([(t0, 1) for t0, _ in spans] + [(t1, -1) for _, t1 in spans])
+        running = peak = 0
+        for _, step in edges:
+            running += step
+            peak = max(peak, running)
+        assert peak <= 2, f"{node} ran {peak} one-core tasks at once on 2 cores"
+
+
+@pytest.mark.timeout(90)
+def test_simulated_tasks_honour_walltime_and_cancel(start_pilot: Callable[..., Pilot]) -> None:
+    p = start_pilot(null_config(nodes=1, cores=2, per=1, duration=30.0))
+    ex = p.executor()
+    agents_active(ex, 1)
+    assert len(agent_processes(p)) == 1
+    short = psij.Job(
+        psij.JobSpec(executable="/bin/true", attributes=psij.JobAttributes(duration=timedelta(seconds=0.5)))
+    )
+    held = psij.Job(psij.JobSpec(executable="/bin/true"))
+    ex.submit_all([short, held])
+    status = final(short)
+    assert status.state is JobState.FAILED and status.message is not None and "walltime" in status.message, status
+    assert held.wait(timeout=WAIT, target_states=[JobState.ACTIVE]) is not None
+    held.cancel()
+    assert final(held).state is JobState.CANCELED
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("options", "word"),
+    [
+        ({"launch": "fake"}, "allocation.launch"),
+        ({"nodes_per_agent": 4}, "needs allocation.launch = 'null'"),
+        ({"null_duration": 1.0}, "needs allocation.launch = 'null'"),
+        ({"launch": "null", "null_duration": -1}, "allocation.null_duration"),
+        ({"launch": "null", "nodes_per_agent": 0}, "allocation.nodes_per_agent"),
+    ],
+)
+def test_null_launch_options_are_checked(options: dict[str, object], word: str) -> None:
+    with pytest.raises(ConfigError, match=word):
+        LocalExecutor(options=options, source="t.toml")

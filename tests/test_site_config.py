@@ -1,0 +1,72 @@
+"""The SSS/SGE parts of the pilot config ([attributes], [global], [nodes."<pattern>"]): values checked
+against their attribute's type at load, every error naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from pilot import config
+from pilot.config import ConfigError
+from pilot.model.node import NodeConfigured
+from pilot.scheduler.attributes import AttributeRegistry
+from pilot.site import cluster, match_node, node_capacity
+
+pytestmark = pytest.mark.timeout(10)
+
+GOOD = {
+    "attributes": {"License": {"type": "int", "consumable": True}, "scratch": {"type": "memory", "relop": ">="}},
+    "global": {"consumables": {"Fluent": 4}, "Machine": "colony"},
+    "nodes": {
+        "n*": {"features": ["ssd"], "attributes": {"scratch": "10G"}},
+        "n1": {"features": ["bigmem"], "consumables": {"License": 1}},
+    },
+}
+
+
+def test_levels_merge_by_pattern_in_order() -> None:
+    c = config.parse(GOOD)
+    n1 = c.node_level("n1")
+    assert n1.features == ("ssd", "bigmem")
+    assert n1.attributes == {"scratch": "10G"}
+    assert n1.consumables == {"License": 1.0}
+    assert c.node_level("other").features == ()
+    cl = cluster(c, lrm_kind="local")
+    assert cl.global_capacity == {"Resource:Fluent": 4.0}
+    assert cl.context["Machine"] == "colony" and cl.context["ResourceManagerType"] == "local"
+    node = NodeConfigured(name="n1", hostname="h", processors=[0, 1], memory=1 << 30)
+    m = match_node(c, cl.registry, node)
+    assert m.features == {"ssd", "bigmem"}
+    assert m.configured["Resource:License"] == 1.0
+    assert m.values.effective(cl.registry)["scratch"] == 10 * 2**30
+    assert node_capacity(c, "n1") == {"Resource:License": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"nodes": {"x": {"attributes": {"nope": 1}}}}, "nodes.x.attributes.nope: no attribute 'nope'"),
+        ({"nodes": {"x": {"consumables": {"License": -1}}}}, "nodes.x.consumables.License = -1"),
+        ({"nodes": {"x": {"features": "ssd"}}}, "nodes.x.features must be a list"),
+        ({"nodes": {"x": 3}}, "[nodes.x] must be a table"),
+        ({"attributes": {"a": {"type": "bogus"}}}, "attributes.a.type must be one of"),
+        (
+            {"attributes": {"sc": {"type": "memory"}}, "nodes": {"x": {"attributes": {"sc": "lots"}}}},
+            "nodes.x.attributes.sc",
+        ),
+        ({"global": {"Machine": 3}}, "global.Machine must be a non-empty string"),
+        ({"global": {"Colour": "red"}}, "unknown key global.Colour"),
+        (
+            {"attributes": {"scratch": {"type": "memory"}}, "nodes": {"x": {"consumables": {"scratch": 1}}}},
+            "is not consumable",
+        ),
+    ],
+)
+def test_bad_site_config_names_the_key(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config.parse(raw)
+    assert message in str(err.value)
+
+
+def test_registry_builtins_kept() -> None:
+    reg = AttributeRegistry.from_config(GOOD["attributes"])  # type: ignore[arg-type]
+    assert reg.get("load_avg") is not None and reg.get("License") is not None
