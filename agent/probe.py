@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,16 +87,10 @@ def specs_from_env() -> list[dict[str, Any]] | None:
 def measures(node: NodeConfigured, *, disk_path: str) -> tuple[dict[str, float], dict[str, float]]:
     """This node's SGE load values (refreshed with every heartbeat, what matching compares against)
     and its SSS Utilized amounts, measured with psutil. Cheap non-blocking calls only: it runs on the
-    agent's loop once per heartbeat."""
-    load1, load5, load15 = os.getloadavg()
+    agent's loop once per heartbeat; the machine-wide figures are shared by the virtual nodes of one
+    agent process (``nodes_per_agent``) for a fraction of a second, not measured once per node."""
+    (load1, load5, load15), vm, sw, cpus, (disk_free, disk_used) = _machine(disk_path)
     n = max(1, len(node.processors))
-    vm = psutil.virtual_memory()
-    sw = psutil.swap_memory()
-    try:
-        du = psutil.disk_usage(disk_path)
-        disk_free, disk_used = float(du.free), float(du.used)
-    except OSError:
-        disk_free = disk_used = 0.0
     values = {
         "load_short": load1,
         "load_medium": load5,
@@ -115,7 +110,6 @@ def measures(node: NodeConfigured, *, disk_path: str) -> tuple[dict[str, float],
         "virtual_used": float(vm.total - vm.available + sw.used),
         "disk_free": disk_free,
     }
-    cpus = psutil.cpu_percent(percpu=True)  # since the previous call: the heartbeat interval
     real = {c for c in node.processors if c < len(cpus)}
     busy = sum(cpus[c] for c in real) / 100.0 if real else sum(cpus) / 100.0
     utilized = {
@@ -125,3 +119,23 @@ def measures(node: NodeConfigured, *, disk_path: str) -> tuple[dict[str, float],
         "disk": disk_used,
     }
     return values, utilized
+
+
+_MACHINE_TTL = 0.25  # seconds a machine-wide measure serves every virtual node of this process
+_machine_cache: dict[str, tuple[float, Any]] = {}
+
+
+def _machine(disk_path: str) -> Any:
+    now = time.monotonic()
+    hit = _machine_cache.get(disk_path)
+    if hit is not None and now - hit[0] < _MACHINE_TTL:
+        return hit[1]
+    try:
+        du = psutil.disk_usage(disk_path)
+        disk: tuple[float, float] = (float(du.free), float(du.used))
+    except OSError:
+        disk = (0.0, 0.0)
+    # cpu_percent covers the time since its previous call: one caller per interval keeps it meaningful.
+    value = (os.getloadavg(), psutil.virtual_memory(), psutil.swap_memory(), psutil.cpu_percent(percpu=True), disk)
+    _machine_cache[disk_path] = (now, value)
+    return value

@@ -316,17 +316,20 @@ def _submit(args: argparse.Namespace) -> None:
     print(" ".join(ids), flush=True)
     if not args.wait:
         return
+    import client as psij
+
+    # Follow the jobs' status events (one connection, no polling) until each has ended.
     failed = False
-    pending = set(ids)
-    while pending:
-        for r in _request(rundir, wire.Kind.ATTACH, {"ids": sorted(pending)}).get("results", []):
-            status = r.get("status")
-            if status and status[1] in ("COMPLETED", "FAILED", "CANCELED"):
-                pending.discard(r["id"])
-                failed = failed or status[1] != "COMPLETED"
-                print(f"{r['id']} {status[1]}" + (f": {status[4]}" if status[4] else ""), flush=True)
-        if pending:
-            time.sleep(0.2)
+    with psij.JobExecutor.get_instance("pilot", url=str(rundir.path)) as ex:
+        jobs = []
+        for native_id in ids:
+            job = psij.Job()
+            ex.attach(job, native_id)
+            jobs.append(job)
+        for job in jobs:
+            st = job.wait() or job.status  # no timeout given: it returns once the job has ended
+            failed = failed or st.state is not psij.JobState.COMPLETED
+            print(f"{job.native_id} {st.state}" + (f": {st.message}" if st.message else ""), flush=True)
     if failed:
         sys.exit(1)
 

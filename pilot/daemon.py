@@ -659,12 +659,7 @@ class Daemon:
                     f"JobSpec.launcher {description.launcher!r} is not available in this pilot; "
                     f"use one of {', '.join(LAUNCHERS)}"
                 )
-            needs = LAUNCHERS[description.launcher].needs_lrm
-            if needs is not None and needs != self.lrm.kind:
-                raise DescriptionError(
-                    f"JobSpec.launcher {description.launcher!r} needs a {needs.capitalize()} allocation, and this "
-                    f"pilot's is {self.lrm.kind!r}; use 'multiple' or 'mpirun'"
-                )
+            self._check_launcher(description.launcher, what="JobSpec.launcher")
             reason = self._never_fits(description)
             if reason is not None:
                 raise DescriptionError(f"the job can never run in this allocation: it {reason}")
@@ -748,12 +743,7 @@ class Daemon:
 
     def _check_sss(self, sss: SssJob) -> None:
         for g in sss.groups:
-            needs = LAUNCHERS[g.launcher].needs_lrm
-            if needs is not None and needs != self.lrm.kind:
-                raise DescriptionError(
-                    f"{sss.effective.where}: launcher {g.launcher!r} needs a {needs.capitalize()} allocation, and "
-                    f"this pilot's is {self.lrm.kind!r}"
-                )
+            self._check_launcher(g.launcher, what=f'{sss.effective.where}: Extension name="Launcher"')
         a = self.allocation
         if not self.cluster.nodes or (a is not None and len(self.cluster.nodes) < a.nodes):
             return  # not every node is in yet: judged when the job is explained, not refused on a guess
@@ -763,6 +753,15 @@ class Daemon:
         reasons = self._sss_fit[key]
         if reasons:
             raise DescriptionError(f"{sss.effective.where} can never run in this allocation: " + "; ".join(reasons))
+
+    def _check_launcher(self, launcher: str, *, what: str) -> None:
+        """A launcher that needs another batch system (srun outside Slurm) is refused at submit."""
+        needs = LAUNCHERS[launcher].needs_lrm
+        if needs is not None and needs != self.lrm.kind:
+            raise DescriptionError(
+                f"{what} {launcher!r} needs a {needs.capitalize()} allocation, and this pilot's is "
+                f"{self.lrm.kind!r}; use 'multiple' or 'mpirun'"
+            )
 
     def _unblock(self, job: JobRecord) -> None:
         """A blocked job whose dependencies may be settled: to the queue, or FAILED if they never can be."""

@@ -5,10 +5,10 @@ to; the tests compare that with the distribution rule, and with what 'pilot show
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import textwrap
-import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
@@ -306,7 +306,6 @@ def test_cycle_and_bad_input_refused_without_harm(pilot: Pilot, work: Path) -> N
             "line 16",
         ),
     }
-    before = pilot.cli("status", "--json").stdout
     for what, (doc, expected) in bad.items():
         with pytest.raises(SubmitRefused) as err:
             submit(pilot, work / "bad.xml", doc, check=False)
@@ -318,7 +317,7 @@ def test_cycle_and_bad_input_refused_without_harm(pilot: Pilot, work: Path) -> N
     finally:
         listed.close()
     assert final(pilot, keep).findtext("State") == "Completed"
-    assert before  # status answered throughout
+    assert json.loads(pilot.cli("status", "--json").stdout)["jobs"]  # the daemon serves on after the refusals
 
 
 def test_explain_hold_release_and_dependency_wait(pilot: Pilot, work: Path) -> None:
@@ -414,8 +413,11 @@ def test_nodes_xml_streams_and_limits(pilot: Pilot, work: Path) -> None:
     assert final(pilot, job_id).findtext("State") == "Completed"
     assert out.read_text() == "earlier\nnofile=64\noops\n"
 
-    time.sleep(1.2)  # two heartbeats: load values and Utilized measured
-    root = ET.fromstring(pilot.cli("nodes", "--xml").stdout)
+    def measured() -> ET.Element | None:  # Utilized comes with the agents' heartbeats
+        root = ET.fromstring(pilot.cli("nodes", "--xml").stdout)
+        return root if len(root.findall("Node/Utilized")) == 3 else None
+
+    root = wait_for(measured, timeout=20, what="Utilized of every node")
     nodes = {n.findtext("Id"): n for n in root.findall("Node")}
     assert set(nodes) == {"local-0", "local-1", "local-2"}
     n0 = nodes["local-0"]
@@ -529,3 +531,19 @@ def test_typed_attributes_features_and_load_values(pilot: Pilot, work: Path) -> 
             job("huge", '<Requested><Extension type="Attribute" name="scratch" op="GE">1T</Extension></Requested>'),
             check=False,
         )
+
+
+def test_submit_wait_follows_every_job_to_its_end(pilot: Pilot, work: Path) -> None:
+    """'pilot submit --wait' prints each job's final state and exits 1 when one did not complete."""
+    (work / "w.xml").write_text(
+        "<JobGroup><Id>w</Id>"
+        "<Job><Id>ok</Id><Executable>/bin/true</Executable></Job>"
+        "<Job><Executable>/bin/sh</Executable><Arguments>-c 'exit 5'</Arguments>"
+        "<Dependency>ok</Dependency></Job>"
+        "</JobGroup>"
+    )
+    proc = pilot.cli("submit", str(work / "w.xml"), "--wait", check=False)
+    first, second = proc.stdout.split()[:2]
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert f"{first} COMPLETED" in proc.stdout
+    assert f"{second} FAILED" in proc.stdout and "exited with code 5" in proc.stdout
