@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> None:
     node_name = args.node or os.environ.get("SLURMD_NODENAME")
     spec = spec_from_env()
     node = probe(name=node_name, spec=spec)
+    if not args.node:
+        # A later allocation of the same pilot may share this host with an earlier one: its nodes are
+        # ``host@a2`` to the daemon (the host name stays what launchers use).
+        node.name += os.environ.get("PILOT_AGENT_NODE_SUFFIX", "")
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix=f"pilot-agent-{node.name}-"))
     workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     agent = Agent(

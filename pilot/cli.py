@@ -123,9 +123,9 @@ def _up(args: argparse.Namespace) -> None:
     from pilot import lrm
 
     # Validate before forking, so a bad config fails here with exit code 2, not in the daemon's log.
-    lrm.create(cfg.allocation.lrm, options=cfg.allocation.options, source=cfg.source).validate(
-        nodes=cfg.allocation.nodes
-    )
+    for site in cfg.sites:
+        with lrm.in_table(site.table):
+            lrm.create(site.lrm, options=site.options, source=cfg.source, table=site.table).validate(nodes=site.nodes)
     rundir.create()
     cmd = [sys.executable, "-m", "pilot", "up", "--foreground", "--rundir", str(rundir.path)]
     if args.config:
@@ -218,18 +218,23 @@ def _status(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(st, indent=2))
         return
-    p, a = st["pilot"], st.get("allocation") or {}
+    p = st["pilot"]
     flags = "".join(f"  [{w}]" for w in ("resumed", "draining") if p.get(w))
     print(f"pilot {p['name']}  pid {p['pid']}  up {_dur(p['uptime'])}  run dir {p['rundir']}{flags}")
-    line = f"allocation {a.get('lrm')} {a.get('native_id')}: {a.get('state')}, {a.get('nodes')} node(s)"
-    if a.get("remaining") is not None:
-        line += f", {_dur(a['remaining'])} of walltime left"
-    native = " ".join(str(a[k]) for k in ("native_state", "reason") if a.get(k))
-    if native and a.get("state") in ("queued", "starting"):
-        line += f" [{a.get('lrm')}: {native}]"  # the batch system's own words: PENDING (Priority), ...
-    if a.get("message"):
-        line += f" ({a['message']})"
-    print(line)
+    allocations = st.get("allocations") or ([st["allocation"]] if st.get("allocation") else [])
+    if not allocations:
+        print("allocation: none yet")
+    for a in allocations:
+        print(_allocation_line(a, several=len(allocations) > 1))
+    auto = st.get("autoscale")
+    if auto:
+        limits = f"max {auto['max_pilots']} allocation(s)"
+        if auto.get("max_nodes"):
+            limits += f", {auto['max_nodes']} node(s)"
+        state = "requesting one" if auto["growing"] else "on"
+        if auto.get("stopped"):
+            state = f"stopped: {auto['stopped']}"
+        print(f"autoscale {state} ({limits})")
     print(f"{'node':<14}{'agent':<10}{'cores':>11}{'gpus':>8}{'memory':>20}  processes")
     for n in st["nodes"]:
         print(
@@ -238,6 +243,19 @@ def _status(args: argparse.Namespace) -> None:
         )
     jobs = st.get("jobs") or {}
     print("jobs: " + (", ".join(f"{k} {v}" for k, v in sorted(jobs.items())) or "none"))
+
+
+def _allocation_line(a: dict[str, Any], *, several: bool) -> str:
+    where = f" {a['name']} (site {a['site']})" if several and "name" in a else ""
+    line = f"allocation{where} {a.get('lrm')} {a.get('native_id')}: {a.get('state')}, {a.get('nodes')} node(s)"
+    if a.get("remaining") is not None:
+        line += f", {_dur(a['remaining'])} of walltime left"
+    native = " ".join(str(a[k]) for k in ("native_state", "reason") if a.get(k))
+    if native and a.get("state") in ("queued", "starting"):
+        line += f" [{a.get('lrm')}: {native}]"  # the batch system's own words: PENDING (Priority), ...
+    if a.get("message"):
+        line += f" ({a['message']})"
+    return line
 
 
 def _down(args: argparse.Namespace) -> None:

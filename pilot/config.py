@@ -49,14 +49,44 @@ class PilotSettings:
     client_bind: str | None = None
     #: Port of the clients' TCP endpoint; 0: a free one (reused when a daemon resumes after a crash).
     client_port: int = 0
+    #: The ``mpirun`` launcher's MPI: "openmpi" (``mpirun --host``) or "mpich" (Hydra ``mpiexec -hosts``).
+    mpi_flavor: str = "openmpi"
 
 
 @dataclass(frozen=True, slots=True)
 class AllocationSettings:
+    """One site: where allocations come from (``[allocation]``, or ``[sites.NAME]`` for more)."""
+
     lrm: str = "local"
     nodes: int = 1
     walltime: float | None = None  # seconds
     options: dict[str, Any] = field(default_factory=dict)  # LRM-specific keys, checked by the LRM
+    #: Allocations of this site acquired at ``pilot up`` (more may follow with ``[autoscale]``).
+    pilots: int = 1
+    #: "main" for ``[allocation]``, else the NAME of ``[sites.NAME]``.
+    name: str = "main"
+
+    @property
+    def table(self) -> str:
+        """The config table this site comes from, for error messages that name keys."""
+        return "allocation" if self.name == "main" else f"sites.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscaleSettings:
+    """Growing on demand: another allocation when queued work has waited ``grow_after`` seconds and the
+    allocations held cannot take it, within the limits; idle allocations released after ``idle_timeout``."""
+
+    enabled: bool = False
+    max_pilots: int = 1
+    max_nodes: int | None = None
+    #: Seconds an allocation may have nothing to run before it is released (None: kept to its end).
+    idle_timeout: float | None = None
+    #: Allocations that fail to start in a row before auto-allocation gives up (never a submit loop).
+    max_failures: int = 2
+    grow_after: float = 5.0
+    #: Allocations idle release keeps.
+    min_pilots: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +105,9 @@ class LevelSettings:
 class Config:
     pilot: PilotSettings = field(default_factory=PilotSettings)
     allocation: AllocationSettings = field(default_factory=AllocationSettings)
+    #: Every site, ``allocation`` first, then ``[sites.NAME]`` in config order.
+    sites: tuple[AllocationSettings, ...] = (AllocationSettings(),)
+    autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
     #: Site-defined complex attributes: name -> {type, relop, shortcut, requestable, consumable, default}.
     attributes: dict[str, Any] = field(default_factory=dict)
     #: Allocation-wide (global) values and consumables, e.g. licenses shared by every node.
@@ -84,7 +117,9 @@ class Config:
     source: str = "<defaults>"
 
     def node_level(self, name: str) -> LevelSettings:
-        """Everything the patterns matching ``name`` give it, later tables overriding earlier ones."""
+        """Everything the patterns matching ``name`` give it, later tables overriding earlier ones. A
+        node of a later allocation (``node1@a2``) is matched by its host's name."""
+        name = name.partition("@")[0]
         features: list[str] = []
         attributes: dict[str, str | float | bool] = {}
         consumables: dict[str, float] = {}
@@ -124,7 +159,7 @@ def load(path: Path | None) -> Config:
 
 
 def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
-    _only(raw, {"pilot", "allocation", "attributes", "global", "nodes"}, "", source)
+    _only(raw, {"pilot", "allocation", "sites", "autoscale", "attributes", "global", "nodes"}, "", source)
     p = _table(raw, "pilot", source)
     d = PilotSettings()
     _only(p, set(PilotSettings.__dataclass_fields__), "pilot.", source)
@@ -143,7 +178,12 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
         client_transport=_get(p, "client_transport", str, "pilot.", source, d.client_transport),
         client_bind=_get(p, "client_bind", str, "pilot.", source, d.client_bind),
         client_port=_get(p, "client_port", int, "pilot.", source, d.client_port),
+        mpi_flavor=_get(p, "mpi_flavor", str, "pilot.", source, d.mpi_flavor),
     )
+    if pilot.mpi_flavor not in ("openmpi", "mpich"):
+        raise ConfigError(
+            f"{source}: pilot.mpi_flavor = {pilot.mpi_flavor!r}; allowed: 'openmpi' (mpirun) or 'mpich' (mpiexec)"
+        )
     if pilot.client_transport not in ("ipc", "tcp"):
         raise ConfigError(
             f"{source}: pilot.client_transport = {pilot.client_transport!r}; allowed: 'ipc' (local clients only) "
@@ -166,16 +206,16 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
             f"{source}: pilot.agent_timeout ({pilot.agent_timeout}) must exceed pilot.heartbeat_interval "
             f"({pilot.heartbeat_interval}), or every agent is declared lost"
         )
-    a = _table(raw, "allocation", source)
-    lrm = _get(a, "lrm", str, "allocation.", source, "local")
-    nodes = _get(a, "nodes", int, "allocation.", source, 1)
-    if nodes < 1:
-        raise ConfigError(f"{source}: allocation.nodes = {nodes}; it must be at least 1")
-    walltime = a.get("walltime")
-    seconds = None if walltime is None else parse_duration(walltime, key="allocation.walltime", source=source)
-    if seconds is not None and seconds <= 0:
-        raise ConfigError(f"{source}: allocation.walltime = {walltime!r}; it must be longer than 0 seconds")
-    options = {k: v for k, v in a.items() if k not in ("lrm", "nodes", "walltime")}
+    main = _site(_table(raw, "allocation", source), "main", source)
+    site_tables = _table(raw, "sites", source)
+    sites = [main]
+    for name in site_tables:
+        if not _NAME_RE.fullmatch(name) or name == "main":
+            raise ConfigError(f"{source}: [sites.{name}]: use letters, digits, '.', '_' or '-', and not 'main'")
+        if not isinstance(site_tables[name], dict):
+            raise ConfigError(f"{source}: [sites.{name}] must be a table (lrm, nodes, walltime, pilots, ...)")
+        sites.append(_site(site_tables[name], name, source))
+    autoscale = _autoscale(_table(raw, "autoscale", source), sites, source)
     attributes = _table(raw, "attributes", source)
     registry = _registry(attributes, source)
     global_level = _level(_table(raw, "global", source), "global.", source, registry)
@@ -189,17 +229,75 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
     )
     return Config(
         pilot=pilot,
-        allocation=AllocationSettings(
-            lrm=lrm,
-            nodes=nodes,
-            walltime=seconds,
-            options=options,
-        ),
+        allocation=main,
+        sites=tuple(sites),
+        autoscale=autoscale,
         attributes=attributes,
         global_level=global_level,
         nodes=node_levels,
         source=source,
     )
+
+
+def _site(a: dict[str, Any], name: str, source: str) -> AllocationSettings:
+    prefix = "allocation." if name == "main" else f"sites.{name}."
+    lrm = _get(a, "lrm", str, prefix, source, "local")
+    nodes = _get(a, "nodes", int, prefix, source, 1)
+    if nodes < 1:
+        raise ConfigError(f"{source}: {prefix}nodes = {nodes}; it must be at least 1")
+    walltime = a.get("walltime")
+    seconds = None if walltime is None else parse_duration(walltime, key=f"{prefix}walltime", source=source)
+    if seconds is not None and seconds <= 0:
+        raise ConfigError(f"{source}: {prefix}walltime = {walltime!r}; it must be longer than 0 seconds")
+    pilots = _get(a, "pilots", int, prefix, source, 1 if name == "main" else 0)
+    if pilots < 0:
+        raise ConfigError(f"{source}: {prefix}pilots = {pilots}; give how many allocations to acquire at start, >= 0")
+    options = {k: v for k, v in a.items() if k not in ("lrm", "nodes", "walltime", "pilots")}
+    return AllocationSettings(lrm=lrm, nodes=nodes, walltime=seconds, options=options, pilots=pilots, name=name)
+
+
+def _autoscale(t: dict[str, Any], sites: list[AllocationSettings], source: str) -> AutoscaleSettings:
+    allowed = {"enabled", "max_pilots", "max_nodes", "idle_timeout", "max_failures", "grow_after", "min_pilots"}
+    _only(t, allowed, "autoscale.", source)
+    start = sum(s.pilots for s in sites)
+    enabled = _get(t, "enabled", bool, "autoscale.", source, bool(t))
+    d = AutoscaleSettings()
+    max_pilots = _get(t, "max_pilots", int, "autoscale.", source, max(start, 1) + (1 if enabled else 0))
+    max_nodes = _get(t, "max_nodes", int, "autoscale.", source, None)
+    idle = t.get("idle_timeout")
+    idle_s = None if idle is None else parse_duration(idle, key="autoscale.idle_timeout", source=source)
+    out = AutoscaleSettings(
+        enabled=enabled,
+        max_pilots=max_pilots,
+        max_nodes=max_nodes,
+        idle_timeout=idle_s,
+        max_failures=_get(t, "max_failures", int, "autoscale.", source, d.max_failures),
+        grow_after=float(_get(t, "grow_after", float, "autoscale.", source, d.grow_after)),
+        min_pilots=_get(t, "min_pilots", int, "autoscale.", source, d.min_pilots),
+    )
+    if start == 0 and not out.enabled:
+        raise ConfigError(
+            f"{source}: allocation.pilots = 0 and no site acquires an allocation at start; set pilots >= 1, "
+            "or enable [autoscale] to acquire them when work comes"
+        )
+    if out.max_pilots < max(start, 1):
+        raise ConfigError(
+            f"{source}: autoscale.max_pilots = {out.max_pilots} is below the {start} allocation(s) the sites "
+            "acquire at start (their 'pilots' keys)"
+        )
+    smallest = min(s.nodes for s in sites)
+    if out.max_nodes is not None and out.max_nodes < smallest:
+        raise ConfigError(
+            f"{source}: autoscale.max_nodes = {out.max_nodes} is below the smallest site's nodes ({smallest}): "
+            "no allocation could ever be acquired"
+        )
+    if out.max_failures < 1:
+        raise ConfigError(f"{source}: autoscale.max_failures = {out.max_failures} must be at least 1")
+    if not 0 <= out.grow_after < 1e9:
+        raise ConfigError(f"{source}: autoscale.grow_after = {out.grow_after} must be seconds >= 0")
+    if not 0 <= out.min_pilots <= out.max_pilots:
+        raise ConfigError(f"{source}: autoscale.min_pilots = {out.min_pilots} must be 0 to max_pilots")
+    return out
 
 
 def _registry(table: dict[str, Any], source: str) -> Any:

@@ -1,4 +1,4 @@
-"""The daemon: sockets, job table, scheduling passes, and the allocation's agents, wired together.
+"""The daemon: sockets, job table, scheduling passes, and the allocations' agents, wired together.
 
 Everything runs on one anyio event loop. Each socket loop handles a burst of frames (all that are
 waiting), then one flush runs a scheduling pass and sends every outbox in one message per peer: that
@@ -23,12 +23,14 @@ import zmq
 
 import pilot
 from pilot import lrm, site, wire
+from pilot.allocations import PilotAllocation, Site, fresh_key, node_allocation_key
 from pilot.config import Config
 from pilot.formats import write_job, write_nodes
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers import LAUNCHERS, PlannedProcess, job_directory
 from pilot.launchers.base import rank_order
-from pilot.lrm.base import Allocation, AllocationRequest
+from pilot.launchers.mpirun import MpirunLauncher
+from pilot.lrm.base import AllocationRequest
 from pilot.model.job_description import DescriptionError, JobDescription
 from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
@@ -98,18 +100,41 @@ class AgentRecord:
     confirmed: bool = True
 
 
+@dataclass(slots=True)
+class _Group:
+    """One allocation as a scheduling pass sees it."""
+
+    held: PilotAllocation
+    nodes: list[NodeSlots]
+    resources: Resources
+    end: float | None
+
+    def takes(self, duration: float | None, needs: str | None, now: float) -> bool:
+        """A job of this duration (and launcher's batch system) may start here now."""
+        if needs is not None and self.held.site.lrm.kind != needs:
+            return False
+        return self.end is None or duration is None or now + duration <= self.end
+
+
 class Daemon:
     def __init__(self, *, config: Config, rundir: RunDir, embedded: bool = False) -> None:
         self.config = config
         self.rundir = rundir
         self.embedded = embedded
-        self.lrm = lrm.create(config.allocation.lrm, options=config.allocation.options, source=config.source)
+        #: Launchers by name, the mpirun one for the site's MPI (``pilot.mpi_flavor``).
+        self.launchers = dict(LAUNCHERS, mpirun=MpirunLauncher(flavor=config.pilot.mpi_flavor))
+        self.sites = [
+            Site(s, lrm.create(s.lrm, options=s.options, source=config.source, table=s.table)) for s in config.sites
+        ]
+        #: The allocations held, in the order they were requested (``a1``, ``a2``, ...), ended ones too.
+        self.held: dict[str, PilotAllocation] = {}
+        self._node_alloc: dict[str, PilotAllocation] = {}  # node name -> its allocation
         self.jobs: dict[str, JobRecord] = {}
         self.queue: JobQueue[JobRecord] = JobQueue(key=lambda j: j.key, alive=lambda j: j.phase == "queued")
         self.nodes: dict[str, NodeSlots] = {}
         #: What SSS matching sees (typed attributes, features, consumables) and what placement takes
         #: from: the same NodeSlots as ``nodes``, plus consumable ledgers per node and for the allocation.
-        self.cluster: Cluster = site.cluster(config, lrm_kind=self.lrm.kind)
+        self.cluster: Cluster = site.cluster(config, lrm_kind=self.sites[0].lrm.kind)
         self.matcher = Matcher(self.cluster)
         self.resources = Resources(self.nodes, {}, ConsumableLedger.of(self.cluster.global_capacity))
         self.graph = JobGraph()  # dependencies between jobs
@@ -117,7 +142,6 @@ class Daemon:
         self._blocked: dict[str, JobRecord] = {}
         self._sss_fit: dict[Any, list[str]] = {}  # request key -> why it can never fit, per node set
         self.agents: dict[str, AgentRecord] = {}
-        self.allocation: Allocation | None = None
         self.counts: Counter[JobState] = Counter()
         self.started = time.time()
         self._seq = 0
@@ -143,10 +167,14 @@ class Daemon:
         self._waiter.add(self._agents_sock)
         self._lock_fd: int | None = None
         self._zap: ZapAuthenticator | None = None
-        self._allocation_over = False
         self._fit_cache: dict[tuple[Any, ...], str | None] = {}  # request key -> never_fits, per node set
-        self._closing = False  # the allocation's end is near: running tasks were told to stop
-        self._missing_agents = ""  # reported when agents did not register in time
+        #: Auto-allocation: allocations that failed to start in a row, why it gave up, since when queued
+        #: work has been waiting (monotonic), and whether a request is under way.
+        self._failures = 0
+        self._autoscale_stopped = ""
+        self._backlog_since: float | None = None
+        self._growing = False
+        self._tg: anyio.abc.TaskGroup | None = None  # the daemon's task group: allocation requests and releases
         self._agent_env: dict[str, str] = {}
         self._curve_socks: list[zmq.Socket[bytes]] = []  # sockets with a CURVE endpoint: handshakes logged
         self._remote_info: dict[str, str] = {}  # the clients' CURVE endpoint and key to pin, for pilot.json
@@ -163,7 +191,7 @@ class Daemon:
         self._parked_bytes = 0
         #: Statuses a slow client could not take yet: ident -> (held since, job id -> newest status).
         self._held_events: dict[bytes, tuple[float, dict[str, Any]]] = {}
-        self._alloc_seen: tuple[Any, ...] | None = None
+        self._alloc_seen: dict[str, tuple[Any, ...]] = {}
         self.resumed = False
         sd = rundir.socket_dir()
         self.client_url = f"ipc://{sd / 'client.sock'}"
@@ -199,23 +227,23 @@ class Daemon:
         try:
             recovered = self._open_journal()
             self._clients.bind(self.client_url)
-            await self._bind_clients(resumed=recovered.allocation is not None)  # before any allocation: may fail
-            if recovered.allocation is not None:
+            resuming = bool(recovered.allocations) or "agent_url" in recovered.meta
+            await self._bind_clients(resumed=resuming)  # before any allocation: may fail
+            if resuming:
                 await self._resume(recovered)
             else:
                 await self._bind_agents()
-                await self._acquire()
-                assert self.allocation is not None
-                self._tx.allocation(self.allocation)
                 self._tx.meta("agent_url", self.agent_url)
+                refused = await self._acquire_initial()
                 self._commit()
-                if self.allocation.state.final:
+                if refused is not None:
                     # Refused by the batch system at submission (bad partition, account, limits): say so now.
                     clean = True
-                    raise DaemonError(f"the batch system refused the pilot: {self.allocation.message}")
+                    raise DaemonError(f"the batch system refused the pilot: {refused}")
             self.rundir.write_info(self._info())
             log.info("pilot ready", rundir=str(self.rundir.path), client_url=self.client_url, pid=os.getpid())
             async with anyio.create_task_group() as tg:
+                self._tg = tg
                 if self._zap is not None:
                     tg.start_soon(self._zap.serve)
                 for sock in self._curve_socks:
@@ -268,12 +296,12 @@ class Daemon:
         self._dirty.clear()
         placed.clear()
         self._new_results.clear()
-        if self.allocation is not None:
-            a = self.allocation
+        for key, held in self.held.items():
+            a = held.allocation
             seen = (a.state, a.started, a.message, a.nodes, len(a.hosts), len(a.expected_nodes))
-            if seen != self._alloc_seen:
-                self._alloc_seen = seen
-                tx.allocation(a)
+            if seen != self._alloc_seen.get(key):
+                self._alloc_seen[key] = seen
+                tx.allocation(a, key=key, site=held.site.name)
         self._tx = Batch()
         if self.store is not None:
             self.store.commit(tx)
@@ -281,22 +309,27 @@ class Daemon:
     async def _resume(self, recovered: Recovered) -> None:
         """Rebuild from the journal of a daemon that died: jobs, queue, nodes and their held slots; the
         agents keep running and register again (their unacknowledged events with them); the allocation
-        is re-attached, not requested again."""
-        allocation = recovered.allocation
-        assert allocation is not None
-        if allocation.lrm != self.lrm.kind:
-            raise DaemonError(
-                f"the journal in {self.rundir.path} holds a {allocation.lrm!r} allocation but this configuration "
-                f"says lrm = {self.lrm.kind!r}; start the pilot with the configuration it was started with"
-            )
+        are re-attached, not requested again."""
+        sites = {s.name: s for s in self.sites}
+        for key, site_name, allocation in recovered.allocations:
+            source = sites.get(site_name)
+            if source is None or allocation.lrm != source.lrm.kind:
+                says = f"says lrm = {source.lrm.kind!r} for it" if source is not None else "has no such site"
+                raise DaemonError(
+                    f"the journal in {self.rundir.path} holds a {allocation.lrm!r} allocation of site {site_name!r} "
+                    f"but this configuration {says}; start the pilot with the configuration it was started with"
+                )
+            self.held[key] = PilotAllocation(key, source, allocation, over=allocation.state.final)
         self.resumed = True
         url = recovered.meta.get("agent_url")
         await self._bind_agents(endpoint=url if isinstance(url, str) else None)
-        self.allocation = allocation
-        try:
-            await self.lrm.reattach(allocation)
-        except Exception as exc:  # a batch system error must not lose the jobs: report and go on
-            log.error("cannot re-attach the allocation", native_id=allocation.native_id, error=str(exc))
+        for held in self.held.values():
+            if held.over:
+                continue
+            try:
+                await held.site.lrm.reattach(held.allocation)
+            except Exception as exc:  # a batch system error must not lose the jobs: report and go on
+                log.error("cannot re-attach the allocation", native_id=held.allocation.native_id, error=str(exc))
         now = time.monotonic()
         for node in recovered.nodes:
             self._register(node)
@@ -304,6 +337,9 @@ class Daemon:
             agent.confirmed = False
             agent.last_seen = now
             self.nodes[node.name].usable = False  # until its agent is back
+            known = self._node_alloc.get(node.name)
+            if known is None or known.over:
+                self._agent_gone(agent, f"node {node.name}'s allocation ended before the restart")
         self._seq = recovered.next_seq - 1
         for job in recovered.jobs:
             self.counts[job.state] += 1
@@ -348,7 +384,7 @@ class Daemon:
                 self._waiting.add(job.id)
         for blocked in list(self._blocked.values()):
             self._unblock(blocked)
-        self._alloc_seen = None
+        self._alloc_seen = {}
         self._commit()
         log.info(
             "pilot resumed from its journal",
@@ -356,7 +392,7 @@ class Daemon:
             queued=len(self.queue),
             running=sum(1 for j in self.jobs.values() if not j.final and j.phase != "queued"),
             nodes=len(self.agents),
-            allocation=allocation.native_id,
+            allocations=[h.allocation.native_id for h in self.held.values() if not h.over],
         )
 
     def _rebuild_journaled(self, job: JobRecord) -> None:
@@ -397,7 +433,8 @@ class Daemon:
         """ipc in the private run directory for a local allocation; otherwise TCP with CURVE, where
         only agents holding this pilot's agent key get past the handshake (ZAP) and agents check the
         daemon's key; the agents find their credentials through a 0600 file, never on a command line."""
-        transport = self.config.pilot.agent_transport or ("ipc" if self.lrm.kind == "local" else "tcp")
+        local = all(s.lrm.kind == "local" for s in self.sites)
+        transport = self.config.pilot.agent_transport or ("ipc" if local else "tcp")
         if transport == "ipc":
             self._agents_sock.bind(self.agent_url)
             return
@@ -408,7 +445,6 @@ class Daemon:
             self._zap = ZapAuthenticator(self._ctx, keys.policy())
             self._zap.start()
         secure_server(self._agents_sock, keys.daemon, domain=AGENT_DOMAIN)
-        local = self.lrm.kind == "local"
         if endpoint is not None:
             # A restarted daemon: the agents reconnect to the endpoint they were given.
             try:
@@ -469,20 +505,53 @@ class Daemon:
         """Peers refused before ZAP hears of them (no CURVE, another daemon's key) are logged too."""
         await watch_handshakes(sock, server=True)
 
-    async def _acquire(self) -> None:
+    async def _acquire_initial(self) -> str | None:
+        """Every site's ``pilots`` allocations. One refused at submission cancels the others: a pilot
+        whose config a batch system refuses fails at ``pilot up``, with the batch system's words."""
+        for s in self.sites:
+            for _ in range(s.settings.pilots):
+                held = await self._acquire(s)
+                if held.allocation.state.final:
+                    for other in self.held.values():
+                        if other is not held and not other.allocation.state.final:
+                            await other.site.lrm.cancel(other.allocation)
+                    where = f" (site {s.name})" if len(self.sites) > 1 else ""
+                    return held.allocation.message + where
+        return None
+
+    async def _acquire(self, source: Site) -> PilotAllocation:
+        key = fresh_key(self.held)
+        workdir = self.rundir.agents_dir if key == "a1" else self.rundir.agents_dir / key
+        await anyio.to_thread.run_sync(lambda: workdir.mkdir(mode=0o700, parents=True, exist_ok=True))
+        env = {
+            "PILOT_AGENT_URL": self.agent_url,
+            "PILOT_AGENT_HEARTBEAT": str(self.config.pilot.heartbeat_interval),
+            "PILOT_AGENT_LOG_LEVEL": self.config.pilot.log_level,
+            **self._agent_env,
+        }
+        suffix = "" if key == "a1" else f"@{key}"
+        if suffix:
+            env["PILOT_AGENT_NODE_SUFFIX"] = suffix
         request = AllocationRequest(
-            nodes=self.config.allocation.nodes,
-            walltime=self.config.allocation.walltime,
+            nodes=source.settings.nodes,
+            walltime=source.settings.walltime,
             agent_argv=[sys.executable, "-m", "agent"],
-            agent_env={
-                "PILOT_AGENT_URL": self.agent_url,
-                "PILOT_AGENT_HEARTBEAT": str(self.config.pilot.heartbeat_interval),
-                "PILOT_AGENT_LOG_LEVEL": self.config.pilot.log_level,
-                **self._agent_env,
-            },
-            workdir=self.rundir.agents_dir,
+            agent_env=env,
+            workdir=workdir,
+            node_suffix=suffix,
         )
-        self.allocation = await self.lrm.submit(request)
+        with lrm.in_table(source.settings.table):
+            allocation = await source.lrm.submit(request)
+        held = self.held[key] = PilotAllocation(key, source, allocation)
+        log.info(
+            "allocation requested",
+            key=key,
+            site=source.name,
+            native_id=allocation.native_id,
+            nodes=allocation.nodes,
+            state=allocation.state.value,
+        )
+        return held
 
     def _info(self) -> dict[str, Any]:
         return {
@@ -526,8 +595,10 @@ class Daemon:
         self.poke()
         with anyio.move_on_after(2):
             await flushed.wait()  # the I/O task sent the final statuses
-        if self.allocation is not None:
-            await self.lrm.cancel(self.allocation)
+        for held in self.held.values():
+            self._cancel_allocation(held)
+        with anyio.move_on_after(30):
+            await self._until(lambda: all(h.allocation.state.final for h in self.held.values()))
 
     # -- client socket ------------------------------------------------------------------------------
 
@@ -645,9 +716,9 @@ class Daemon:
         if self._stopping or self._draining:
             what = "draining ('pilot down --drain')" if self._draining else "stopping"
             return {"error": f"the pilot is {what}; submit to a new one", "transient": True}
-        if self._allocation_over:
+        if self._all_over():
             return {
-                "error": "this pilot's allocation has ended ('pilot status' says why); start a new pilot",
+                "error": "this pilot's last allocation has ended ('pilot status' says why); start a new pilot",
                 "transient": True,
             }
         if isinstance(raw, dict) and "sss" in raw:
@@ -744,8 +815,7 @@ class Daemon:
     def _check_sss(self, sss: SssJob) -> None:
         for g in sss.groups:
             self._check_launcher(g.launcher, what=f'{sss.effective.where}: Extension name="Launcher"')
-        a = self.allocation
-        if not self.cluster.nodes or (a is not None and len(self.cluster.nodes) < a.nodes):
+        if not self.cluster.nodes or any(h.usable and len(h.nodes) < h.allocation.nodes for h in self.held.values()):
             return  # not every node is in yet: judged when the job is explained, not refused on a guess
         key = sss.request.key
         if key not in self._sss_fit:
@@ -757,10 +827,11 @@ class Daemon:
     def _check_launcher(self, launcher: str, *, what: str) -> None:
         """A launcher that needs another batch system (srun outside Slurm) is refused at submit."""
         needs = LAUNCHERS[launcher].needs_lrm
-        if needs is not None and needs != self.lrm.kind:
+        kinds = sorted({s.lrm.kind for s in self.sites})
+        if needs is not None and needs not in kinds:
             raise DescriptionError(
-                f"{what} {launcher!r} needs a {needs.capitalize()} allocation, and this pilot's is "
-                f"{self.lrm.kind!r}; use 'multiple' or 'mpirun'"
+                f"{what} {launcher!r} needs a {needs.capitalize()} allocation, and this pilot's "
+                f"{'are' if len(kinds) > 1 else 'is'} {' and '.join(map(repr, kinds))}; use 'multiple' or 'mpirun'"
             )
 
     def _unblock(self, job: JobRecord) -> None:
@@ -792,81 +863,258 @@ class Daemon:
                 self.graph.outcomes.pop(j, None)  # a later dependent gets it from memory or the journal
 
     def _check_agents_started(self) -> None:
-        """Agents that have not registered ``agent_start_timeout`` after the allocation started are
-        reported (status and log); when none came at all, the jobs held fail with that account."""
-        a = self.allocation
-        if a is None or a.started is None or self._missing_agents or self._allocation_over or self._stopping:
-            return
+        """Agents that have not registered ``agent_start_timeout`` after their allocation started are
+        reported (status and log); when none came at all, the allocation is given up and released."""
         timeout = self.config.pilot.agent_start_timeout
-        registered = len(self.agents)
-        if registered >= a.nodes or time.time() - a.started < timeout:
-            return
-        self._missing_agents = (
-            f"{a.nodes - registered} of {a.nodes} agents did not register within {timeout:g} s "
-            f"(pilot.agent_start_timeout); their logs are in {self.rundir.agents_dir}"
-        )
-        log.error("agents missing", message=self._missing_agents)
-        if registered == 0:
-            a.message = self._missing_agents
-            self._allocation_ended(a)
+        for held in self.held.values():
+            a = held.allocation
+            if a.started is None or held.missing_agents or not held.alive or self._stopping:
+                continue
+            registered = len(held.nodes)
+            if registered >= a.nodes or time.time() - a.started < timeout:
+                continue
+            held.missing_agents = (
+                f"{a.nodes - registered} of {a.nodes} agents did not register within {timeout:g} s "
+                f"(pilot.agent_start_timeout); their logs are in {self.rundir.agents_dir}"
+            )
+            log.error("agents missing", allocation=held.key, message=held.missing_agents)
+            if registered == 0:
+                a.message = held.missing_agents
+                self._allocation_ended(held)
+                self._cancel_allocation(held)  # nothing of it is usable: do not keep paying for it
 
-    def _allocation_end(self, *, earliest: bool = False) -> float | None:
-        """When the allocation ends. With ``earliest``, a bound before its start is known (the batch
-        system's start time reaches us on the next poll): it cannot end before submission + walltime."""
-        a = self.allocation
-        if a is None or a.walltime is None:
-            return None
-        if a.started is None:
-            return a.submitted + a.walltime if earliest else None
-        return a.started + a.walltime
-
-    def _close_before_end(self) -> None:
-        """The walltime margin is reached: stop every running task now, so each ends with a clear
-        message instead of being killed by the batch system with the allocation."""
-        self._closing = True
-        end = self._allocation_end()
+    def _close_before_end(self, held: PilotAllocation) -> None:
+        """An allocation's walltime margin is reached: stop every task running on it now, so each ends
+        with a clear message instead of being killed by the batch system with the allocation."""
+        held.closing = True
+        self._fit_cache.clear()
         log.warning(
-            "allocation walltime nearly over; stopping running tasks", end=end, margin=self.config.pilot.walltime_margin
+            "allocation walltime nearly over; stopping running tasks",
+            allocation=held.key,
+            end=held.end(),
+            margin=self.config.pilot.walltime_margin,
         )
         for job in self.jobs.values():
-            if not job.final and job.processes:
+            if not job.final and job.processes and any(p.node in held.nodes for p in job.processes.values()):
                 job.closing = True
                 self._dirty.add(job)
                 self._kill_outstanding(job, reason="walltime")
 
-    def _allocation_ended(self, allocation: Allocation) -> None:
-        """The batch system ended the allocation under us (scancel, walltime, node failure): every
-        job it held ends FAILED with the batch system's own account, at once, not at heartbeat timeout."""
-        self._allocation_over = True
+    def _allocation_ended(self, held: PilotAllocation) -> None:
+        """The batch system ended an allocation under us (scancel, walltime, node failure) or it never
+        started: every job on it ends FAILED with the batch system's own account, at once, not at
+        heartbeat timeout. Queued jobs fail too when no allocation is left and none can come."""
+        held.over = True
+        self._fit_cache.clear()
+        self._sss_fit.clear()
+        allocation = held.allocation
         message = f"the allocation ({allocation.lrm} job {allocation.native_id}) ended: {allocation.message}"
-        log.error(
-            "allocation ended", native_id=allocation.native_id, state=allocation.state.value, message=allocation.message
+        if held.released:
+            log.info("allocation released", allocation=held.key, native_id=allocation.native_id)
+        else:
+            log.error(
+                "allocation ended",
+                allocation=held.key,
+                native_id=allocation.native_id,
+                state=allocation.state.value,
+                message=allocation.message,
+            )
+            if not held.ready:
+                self._failures += 1
+                a = self.config.autoscale
+                if a.enabled and self._failures >= a.max_failures and not self._autoscale_stopped:
+                    self._autoscale_stopped = (
+                        f"{self._failures} allocations in a row failed to start (autoscale.max_failures); "
+                        f"the last: {message}"
+                    )
+                    log.error("auto-allocation stopped", reason=self._autoscale_stopped)
+        for name in sorted(held.nodes):
+            agent = self.agents.get(name)
+            if agent is not None:
+                self._agent_gone(agent, message)
+        if not self._may_run_later(None):
+            reason = self._autoscale_stopped or message
+            for job in list(self.jobs.values()):
+                if job.phase == "queued" and not job.final:
+                    job.phase = "done"
+                    self._dequeue(job)
+                    self._set_state(job, JobState.FAILED, time.time(), message=reason)
+
+    def _can_grow(self) -> bool:
+        """Auto-allocation may still bring another allocation."""
+        return self.config.autoscale.enabled and not self._autoscale_stopped and not self._stopping
+
+    def _may_run_later(self, duration: float | None, *, needs: str | None = None) -> bool:
+        """Whether a job of this duration (and launcher's batch system) may start on an allocation
+        held now or on one auto-allocation can still bring."""
+        now = time.time()
+        for held in self.held.values():
+            if not held.usable or (needs is not None and held.site.lrm.kind != needs):
+                continue
+            end = held.end(earliest=True)
+            if duration is None or end is None or now + duration <= end:
+                return True
+        if not self._can_grow():
+            return False
+        return any(
+            (needs is None or s.lrm.kind == needs)
+            and (duration is None or s.settings.walltime is None or duration <= s.settings.walltime)
+            for s in self.sites
         )
-        for agent in list(self.agents.values()):
-            self._agent_gone(agent, message)
-        for job in list(self.jobs.values()):
-            if job.phase == "queued" and not job.final:
-                job.phase = "done"
-                self._dequeue(job)
-                self._set_state(job, JobState.FAILED, time.time(), message=message)
+
+    def _room_to_grow(self) -> bool:
+        """More capacity may come: an allocation is starting, or auto-allocation may request one."""
+        a = self.config.autoscale
+        if not self._can_grow():
+            return False
+        alive = [h for h in self.held.values() if h.alive]
+        if any(not h.ready for h in alive):
+            return True  # one is on its way
+        held_nodes = sum(h.allocation.nodes for h in alive)
+        smallest = min(s.settings.nodes for s in self.sites)
+        return len(alive) < a.max_pilots and (a.max_nodes is None or held_nodes + smallest <= a.max_nodes)
+
+    def _all_over(self) -> bool:
+        return not any(h.alive for h in self.held.values()) and not self._can_grow()
+
+    # -- auto-allocation ----------------------------------------------------------------------------
+
+    def _autoscale(self) -> None:
+        """Release allocations idle for ``idle_timeout``; request one more when queued work has waited
+        ``grow_after`` and none is on its way, within ``max_pilots`` and ``max_nodes``."""
+        cfg = self.config.autoscale
+        if not cfg.enabled or self._stopping or self._tg is None:
+            return
+        now = time.monotonic()
+        alive = [h for h in self.held.values() if h.alive]
+        if cfg.idle_timeout is not None:
+            # Of several idle, the one ending first goes first: those kept have the most time left.
+            for held in sorted(alive, key=lambda h: h.end() or float("inf")):
+                if not held.ready or len(self.queue) or self._busy(held):
+                    held.idle_since = None
+                    continue
+                if held.idle_since is None:
+                    held.idle_since = now
+                elif now - held.idle_since >= cfg.idle_timeout and len(alive) > cfg.min_pilots:
+                    self._release(held)
+                    alive.remove(held)
+        if not len(self.queue) or self._draining:
+            self._backlog_since = None
+            return
+        if self._backlog_since is None:
+            self._backlog_since = now
+        if (
+            self._autoscale_stopped
+            or self._growing
+            or now - self._backlog_since < cfg.grow_after
+            or any(not h.ready for h in alive)  # one is on its way: its nodes may be enough
+            or len(alive) >= cfg.max_pilots
+        ):
+            return
+        held_nodes = sum(h.allocation.nodes for h in alive)
+        source = self._site_for_backlog(room=None if cfg.max_nodes is None else cfg.max_nodes - held_nodes)
+        if source is None:
+            return
+        self._growing = True
+        self._backlog_since = now  # the next one waits grow_after again
+        self._tg.start_soon(self._grow, source)
+
+    def _busy(self, held: PilotAllocation) -> bool:
+        for name in held.nodes:
+            agent = self.agents.get(name)
+            slots = self.nodes.get(name)
+            if (agent is not None and agent.processes) or (slots is not None and slots.holders):
+                return True
+        return False
+
+    def _site_for_backlog(self, *, room: int | None) -> Site | None:
+        """The first site (config order) within the node limit whose allocations could run the oldest
+        queued jobs (launcher's batch system, duration within its walltime)."""
+        heads = [j for k, _ in self.queue.heads() if (j := self.queue.peek(k)) is not None][:16]
+        for s in self.sites:
+            if room is not None and s.settings.nodes > room:
+                continue
+            w = s.settings.walltime
+            for job in heads:
+                needs = self._needs_lrm(job)
+                d = job.description.duration
+                if (needs is None or needs == s.lrm.kind) and (w is None or d is None or d <= w):
+                    return s
+        return None
+
+    async def _grow(self, source: Site) -> None:
+        try:
+            held = await self._acquire(source)
+            log.info("auto-allocation: another allocation requested", allocation=held.key, site=source.name)
+        except Exception as exc:  # the batch system's command failed: counted like a refusal
+            log.error("auto-allocation: request failed", site=source.name, error=str(exc))
+            self._failures += 1
+            if self._failures >= self.config.autoscale.max_failures and not self._autoscale_stopped:
+                self._autoscale_stopped = (
+                    f"{self._failures} allocations in a row failed to start (autoscale.max_failures); "
+                    f"the last: site {source.name}: {exc}"
+                )
+                log.error("auto-allocation stopped", reason=self._autoscale_stopped)
+        finally:
+            self._growing = False
+            self.poke()
+
+    def _release(self, held: PilotAllocation) -> None:
+        """An idle allocation goes back to the batch system: nothing new is placed there, its agents
+        are told to stop, then it is cancelled."""
+        held.released = True
+        self._fit_cache.clear()
+        log.info("auto-allocation: releasing an idle allocation", allocation=held.key, native=held.allocation.native_id)
+        for name in held.nodes:
+            agent = self.agents.get(name)
+            if agent is not None and agent.state == "active":
+                self._to_agent(name, wire.Kind.STOP, {"reason": "allocation released: idle"})
+        self._cancel_allocation(held)
+        self.poke()
+
+    def _cancel_allocation(self, held: PilotAllocation) -> None:
+        if held.cancelling or held.allocation.state.final or self._tg is None:
+            return
+        held.cancelling = True
+        self._tg.start_soon(self._cancel_in_batch_system, held)
+
+    async def _cancel_in_batch_system(self, held: PilotAllocation) -> None:
+        try:
+            await held.site.lrm.cancel(held.allocation)
+        except Exception as exc:
+            log.error("cannot release the allocation", allocation=held.key, error=str(exc))
+        self.poke()
 
     def _never_fits(self, description: JobDescription) -> str | None:
-        """never_fits, once per request category while the node set stays the same: it judges against
-        idle copies of every node, which per submitted job would cost O(nodes) on the submit path."""
+        """never_fits against each allocation (a job runs inside one), once per request category while
+        the node sets stay the same: per submitted job it would cost O(nodes) on the submit path."""
         key = description.resources.key
         if key not in self._fit_cache:
-            self._fit_cache[key] = never_fits(description.resources, self._capacity())
+            reasons = [never_fits(description.resources, nodes) for nodes in self._capacities()]
+            self._fit_cache[key] = None if not reasons or None in reasons else reasons[0]
         return self._fit_cache[key]
 
-    def _capacity(self) -> list[NodeSlots]:
-        """Registered nodes, plus the ones the allocation promises that have not registered yet."""
-        nodes = [n for n in self.nodes.values() if n.usable]
-        if self.allocation is not None and not self.allocation.expected_nodes and len(nodes) < self.allocation.nodes:
-            return []  # a batch allocation whose agents are not all in: its shape is not known yet
-        if self.allocation is not None:
-            known = set(self.nodes)
-            nodes += [NodeSlots.from_configured(n) for n in self.allocation.expected_nodes if n.name not in known]
-        return nodes
+    def _capacities(self) -> list[list[NodeSlots]]:
+        """Per usable allocation: its registered nodes, plus the ones it promises that have not
+        registered yet ([] while a batch allocation's shape is unknown: anything may fit). With
+        auto-allocation, the sites it may draw from count too (a batch site's shape is unknown)."""
+        out: list[list[NodeSlots]] = []
+        for held in self.held.values():
+            if not held.usable:
+                continue
+            nodes = [self.nodes[n] for n in held.nodes if n in self.nodes and self.nodes[n].usable]
+            a = held.allocation
+            if not a.expected_nodes and len(nodes) < a.nodes:
+                return [[]]
+            nodes += [NodeSlots.from_configured(n) for n in a.expected_nodes if n.name not in self.nodes]
+            out.append(nodes)
+        if self._can_grow():
+            for s in self.sites:
+                layout = getattr(s.lrm, "node_layout", None)
+                if layout is None:
+                    return [[]]
+                out.append([NodeSlots.from_configured(n) for n in layout(s.settings.nodes)])
+        return out
 
     # -- explain, show, nodes, release ---------------------------------------------------------------
 
@@ -898,7 +1146,7 @@ class Daemon:
             return {
                 "id": job_id,
                 "state": state,
-                "reasons": ["no node has registered yet (the allocation is starting)"],
+                "reasons": ["no node has registered yet (the allocation is starting)", *self._coming()],
             }
         if job.sss is not None:
             never = why_not(job.sss.request, self.matcher, self.resources, idle=True)
@@ -908,7 +1156,7 @@ class Daemon:
             reasons += [f"waits for resources: {r}" for r in now] or ["it fits now: the next scheduling pass starts it"]
         else:
             r = job.description.resources
-            never_reason = never_fits(r, self._capacity())
+            never_reason = self._never_fits(job.description)
             if never_reason is not None:
                 return {"id": job_id, "state": state, "reasons": [f"it can never run here: it {never_reason}"]}
             free = sum(len(n.free_cores) for n in self.nodes.values() if n.usable)
@@ -927,7 +1175,20 @@ class Daemon:
         )
         if ahead:
             reasons.append(f"{ahead} job(s) with the same request were queued before it")
-        return {"id": job_id, "state": state, "reasons": reasons}
+        return {"id": job_id, "state": state, "reasons": reasons + self._coming()}
+
+    def _coming(self) -> list[str]:
+        """What may still add room: allocations on their way, auto-allocation's state."""
+        notes = [
+            f"allocation {h.key} (site {h.site.name}) is {h.allocation.state.value}: its nodes may take it"
+            for h in self.held.values()
+            if h.alive and not h.ready
+        ]
+        if self._growing:
+            notes.append("auto-allocation is requesting another allocation")
+        elif self._autoscale_stopped:
+            notes.append(f"auto-allocation stopped: {self._autoscale_stopped}")
+        return notes
 
     def _show(self, job_id: str) -> dict[str, Any]:
         """The job as SSS Job XML with its State, times, Delivered and (once placed) its Task elements."""
@@ -1055,9 +1316,12 @@ class Daemon:
             node = NodeConfigured.from_wire(wire.field(msg.body, "node", dict))
             if node.name != name:
                 raise wire.ProtocolError(f"agent {name!r} registers as {node.name!r}")
-            expected = self.allocation.expected_nodes if self.allocation is not None else []
+            owner = self.held.get(node_allocation_key(name))
+            if owner is None or (agent is None and not owner.alive):
+                raise wire.ProtocolError(f"agent {name!r} is not a node of an allocation this pilot holds")
+            expected = owner.allocation.expected_nodes
             if expected and name not in {n.name for n in expected}:
-                raise wire.ProtocolError(f"agent {name!r} is not a node of this allocation")
+                raise wire.ProtocolError(f"agent {name!r} is not a node of allocation {owner.key}")
             running = wire.field(msg.body, "running", list)
             events = wire.opt_field(msg.body, "events", list, [])
             seq = wire.opt_field(msg.body, "seq", int, 0)
@@ -1111,6 +1375,13 @@ class Daemon:
     def _register(self, node: NodeConfigured) -> None:
         self._fit_cache.clear()
         self._sss_fit.clear()
+        owner = self.held.get(node_allocation_key(node.name))
+        if owner is not None:
+            self._node_alloc[node.name] = owner
+            owner.nodes.add(node.name)
+            if len(owner.nodes) >= owner.allocation.nodes and not owner.ready:
+                owner.ready = True
+                self._failures = 0  # one started: auto-allocation's count of failures in a row starts again
         self.agents[node.name] = AgentRecord(name=node.name, node=node)
         self.nodes[node.name] = NodeSlots.from_configured(node)
         self.cluster.add(site.match_node(self.config, self.cluster.registry, node))
@@ -1189,6 +1460,9 @@ class Daemon:
         log.warning("agent gone", node=agent.name, reason=message) if state == "lost" else log.info(
             "agent stopped", node=agent.name
         )
+        held = self._node_alloc.get(agent.name)
+        if state == "lost" and held is not None and self._tg is not None and not self._stopping:
+            self._tg.start_soon(held.site.lrm.node_lost, held.allocation, agent.name)
         for job_id, slot in sorted(agent.processes):
             job = self.jobs.get(job_id.partition("~")[0])
             plan = job.processes.get(slot) if job else None
@@ -1257,48 +1531,94 @@ class Daemon:
     def _schedule(self) -> None:
         if not len(self.queue) or not self.nodes or self._stopping:
             return
-        nodes = [n for n in self.nodes.values() if n.usable]
-        behind = self.config.pilot.backlog
-        end = self._allocation_end(earliest=True)
+        groups = self._groups()
+        # While auto-allocation may still add an allocation, jobs wait in the queue, where they count as
+        # demand and can go to the new one, not behind a busy core of an allocation held now.
+        behind = self.config.pilot.backlog and not self._room_to_grow()
         now = time.time()
-        sss_pass: SchedulingPass | None = None  # one per scheduling pass: its category cursors stay valid
+        sss_passes: dict[str, SchedulingPass] = {}  # one per allocation and pass: category cursors stay valid
         for key, _ in self.queue.heads():
             while (job := self.queue.peek(key)) is not None:
                 d = job.description
-                if end is not None and (self._closing or (d.duration is not None and now + d.duration > end)):
-                    # It cannot finish before the allocation ends, and no later allocation will come.
-                    self.queue.pop_head(key)
-                    job.phase = "done"
-                    left = max(0.0, end - now)
-                    self._set_state(
-                        job,
-                        JobState.FAILED,
-                        now,
-                        message=(
-                            f"not started: JobAttributes.duration of {d.duration:g} s cannot finish before the "
-                            f"allocation's walltime ends in {left:.0f} s, and no later allocation will come"
-                            if d.duration is not None and not self._closing
-                            else f"not started: the allocation's walltime ends in {left:.0f} s"
-                        ),
-                    )
-                    continue
+                needs = self._needs_lrm(job)
+                eligible = groups
+                if d.duration is not None or needs is not None:
+                    eligible = [g for g in groups if g.takes(d.duration, needs, now)]
                 if job.sss is not None:
-                    if sss_pass is None:
-                        sss_pass = SchedulingPass(self.matcher, self.resources)
-                    placement = sss_pass.place(job.id, job.sss.request)
-                    if placement is None:
-                        break
-                    job.sss.placement = placement
-                    self.queue.pop_head(key)
-                    self._start(job, [RankPlacement(t.node, t.cores, t.gpus, t.memory) for t in placement.tasks])
-                    continue
-                ranks = place(d.resources, nodes, job_id=job.id)
-                if ranks is None and behind and can_wait_behind(d.resources) and not (d.pre_launch or d.post_launch):
-                    ranks = place_behind(d.resources, nodes)
-                if ranks is None:
+                    placement = None
+                    for g in eligible:
+                        sss_pass = sss_passes.get(g.held.key)
+                        if sss_pass is None:
+                            sss_pass = sss_passes[g.held.key] = SchedulingPass(self.matcher, g.resources)
+                        if (placement := sss_pass.place(job.id, job.sss.request)) is not None:
+                            break
+                    if placement is not None:
+                        job.sss.placement = placement
+                        self.queue.pop_head(key)
+                        self._start(job, [RankPlacement(t.node, t.cores, t.gpus, t.memory) for t in placement.tasks])
+                        continue
+                else:
+                    ranks = None
+                    for g in eligible:
+                        if (ranks := place(d.resources, g.nodes, job_id=job.id)) is not None:
+                            break
+                    if (
+                        ranks is None
+                        and behind
+                        and can_wait_behind(d.resources)
+                        and not (d.pre_launch or d.post_launch)
+                    ):
+                        # No free core in any allocation: wait at an agent behind a busy one.
+                        for g in eligible:
+                            if (ranks := place_behind(d.resources, g.nodes)) is not None:
+                                break
+                    if ranks is not None:
+                        self.queue.pop_head(key)
+                        self._start(job, ranks)
+                        continue
+                if self._may_run_later(d.duration, needs=needs):
                     break
+                # It cannot finish before any allocation ends, and no later allocation will come.
                 self.queue.pop_head(key)
-                self._start(job, ranks)
+                job.phase = "done"
+                ends = [e for h in self.held.values() if h.alive and (e := h.end(earliest=True)) is not None]
+                left = max(0.0, max(ends, default=now) - now)
+                closing = not any(h.usable for h in self.held.values())
+                self._set_state(
+                    job,
+                    JobState.FAILED,
+                    now,
+                    message=(
+                        f"not started: JobAttributes.duration of {d.duration:g} s cannot finish before the "
+                        f"allocation's walltime ends in {left:.0f} s, and no later allocation will come"
+                        if d.duration is not None and not closing
+                        else f"not started: the allocation's walltime ends in {left:.0f} s"
+                        if ends
+                        else "not started: no allocation is left and none can come"
+                    ),
+                )
+
+    def _groups(self) -> list[_Group]:
+        """Where a scheduling pass may place: each usable allocation with its usable nodes (a job runs
+        inside one allocation). One allocation: everything, as a single-allocation pilot always did."""
+        usable = [h for h in self.held.values() if h.usable]
+        if len(usable) == 1 and len(self.held) == 1:
+            h = usable[0]
+            return [_Group(h, [n for n in self.nodes.values() if n.usable], self.resources, h.end(earliest=True))]
+        out = []
+        for h in usable:
+            slots = {n: s for n, s in self.nodes.items() if n in h.nodes and s.usable}  # registration order
+            if slots:
+                res = Resources(slots, self.resources.ledgers, self.resources.global_ledger)
+                out.append(_Group(h, list(slots.values()), res, h.end(earliest=True)))
+        return out
+
+    @staticmethod
+    def _needs_lrm(job: JobRecord) -> str | None:
+        """The batch system a job's launcher needs (srun: Slurm), so it is placed only there."""
+        if job.sss is None:
+            return LAUNCHERS[job.description.launcher].needs_lrm
+        return next((n for g in job.sss.groups if (n := LAUNCHERS[g.launcher].needs_lrm) is not None), None)
 
     def _start(self, job: JobRecord, ranks: list[Any]) -> None:
         d = job.description
@@ -1336,7 +1656,7 @@ class Daemon:
     def _plan(self, job: JobRecord, *, environment: dict[str, str] | None) -> list[PlannedProcess]:
         if job.sss is not None:
             return self._plan_sss(job, job.sss, environment=environment)
-        plans = LAUNCHERS[job.description.launcher].plan(
+        plans = self.launchers[job.description.launcher].plan(
             job_id=job.proc_id,
             description=job.description,
             ranks=job.ranks,
@@ -1369,7 +1689,7 @@ class Daemon:
                         sss.request.variants[sss.placement.variant][group].slot_request, process_count=len(indices)
                     ),
                 )
-                for p in LAUNCHERS[g.launcher].plan(
+                for p in self.launchers[g.launcher].plan(
                     job_id=job.proc_id,
                     description=d,
                     ranks=[job.ranks[i] for i in indices],
@@ -1493,7 +1813,7 @@ class Daemon:
             and job.cancel_reason is None
             and not job.closing
             and not self._stopping
-            and not self._allocation_over
+            and self._may_run_later(None)
             and any(r.reason == "lost" for r in job.results.values())
         )
 
@@ -1761,38 +2081,56 @@ class Daemon:
                         agent, f"node {agent.name} lost: its agent sent no heartbeat for {now - agent.last_seen:.1f} s"
                     )
             self._check_agents_started()
-            end = self._allocation_end()
-            if end is not None and not self._closing and time.time() >= end - self.config.pilot.walltime_margin:
-                self._close_before_end()
-            if self.allocation is not None and not self._stopping:
-                await self.lrm.poll([self.allocation])
-                if self.allocation.state.final and not self._allocation_over:
-                    self._allocation_ended(self.allocation)
+            margin = self.config.pilot.walltime_margin
+            for held in list(self.held.values()):
+                end = held.end()
+                if end is not None and held.alive and not held.closing and time.time() >= end - margin:
+                    self._close_before_end(held)
+            if not self._stopping:
+                for s in self.sites:  # one query per site for all its allocations
+                    mine = [h.allocation for h in self.held.values() if h.site is s and h.alive]
+                    if mine:
+                        await s.lrm.poll(mine)
+                for held in list(self.held.values()):
+                    if held.allocation.state.final and not held.over:
+                        self._allocation_ended(held)
+                self._autoscale()
             self.poke()
 
     # -- status -------------------------------------------------------------------------------------
 
-    def _allocation_status(self) -> dict[str, Any] | None:
-        if self.allocation is None:
+    def _allocations_status(self) -> list[dict[str, Any]]:
+        return [
+            held.to_status(
+                registered=sum(1 for n in held.nodes if n in self.agents and self.agents[n].state == "active")
+            )
+            for held in self.held.values()
+        ]
+
+    def _autoscale_status(self) -> dict[str, Any] | None:
+        a = self.config.autoscale
+        if not a.enabled:
             return None
-        st = self.allocation.to_status()
-        registered = sum(1 for a in self.agents.values() if a.state == "active")
-        if st["state"] == "active" and registered < self.allocation.nodes and not self._missing_agents:
-            st["state"] = "starting"  # the batch job runs; its agents are not all in yet
-            st["message"] = st["message"] or f"{registered} of {self.allocation.nodes} agents registered"
-        if self._missing_agents:
-            st["message"] = "; ".join(m for m in (st["message"], self._missing_agents) if m)
-        return st
+        return {
+            "max_pilots": a.max_pilots,
+            "max_nodes": a.max_nodes,
+            "idle_timeout": a.idle_timeout,
+            "failures": self._failures,
+            "stopped": self._autoscale_stopped or None,
+            "growing": self._growing,
+        }
 
     def status(self) -> dict[str, Any]:
+        allocations = self._allocations_status()
         nodes = []
         for name, slots in self.nodes.items():
             agent = self.agents[name]
             nodes.append(
                 {
                     "name": name,
+                    "allocation": node_allocation_key(name),
                     "hostname": slots.hostname,
-                    "agent": agent.state,
+                    "agent": agent.state if agent.confirmed else "reconnecting",  # recovered, not back yet
                     "cores": len(slots.cores),
                     "free_cores": len(slots.free_cores),
                     "gpus": len(slots.gpus),
@@ -1806,12 +2144,13 @@ class Daemon:
                     "features": agent.node.features,
                 }
             )
-        if self.allocation is not None:
-            for n in self.allocation.expected_nodes:
+        for held in self.held.values():
+            for n in held.allocation.expected_nodes if held.alive else ():
                 if n.name not in self.nodes:
                     nodes.append(
                         {
                             "name": n.name,
+                            "allocation": held.key,
                             "hostname": n.hostname,
                             "agent": "starting",
                             "cores": len(n.processors),
@@ -1835,7 +2174,13 @@ class Daemon:
                 "draining": self._draining,
                 "resumed": self.resumed,
             },
-            "allocation": self._allocation_status(),
+            # The first still alive (else the last): what a single-allocation pilot has always shown.
+            "allocation": next(
+                (st for st, h in zip(allocations, self.held.values(), strict=True) if h.alive),
+                allocations[-1] if allocations else None,
+            ),
+            "allocations": allocations,
+            "autoscale": self._autoscale_status(),
             "nodes": nodes,
             "jobs": {s.value: n for s, n in self.counts.items() if n},
             "queued": len(self.queue) + len(self._waiting),

@@ -43,7 +43,7 @@ from pilot.model.process_order import ProcessOrder
 from pilot.scheduler.placement import RankPlacement
 
 JOURNAL_FILE: Final = "journal.db"
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2  # 2: several allocations (id = the n of its key a<n>), each with its site
 #: ``PRAGMA application_id`` of a pilot journal ("PJRN"): tells our file from any other SQLite database.
 APPLICATION_ID: Final = 0x504A524E
 
@@ -90,7 +90,7 @@ CREATE TABLE results (
     PRIMARY KEY (job_id, slot)
 ) WITHOUT ROWID;
 CREATE TABLE allocation (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
+    id INTEGER PRIMARY KEY,
     lrm TEXT NOT NULL,
     native_id TEXT NOT NULL,
     state TEXT NOT NULL,
@@ -101,7 +101,8 @@ CREATE TABLE allocation (
     expected_nodes BLOB NOT NULL,
     hosts BLOB NOT NULL,
     message TEXT NOT NULL,
-    detail BLOB
+    detail BLOB,
+    site TEXT NOT NULL DEFAULT 'main'
 );
 CREATE TABLE nodes (name TEXT PRIMARY KEY, config BLOB NOT NULL) WITHOUT ROWID;
 """
@@ -134,10 +135,17 @@ class Recovered:
     (``subscribers`` is empty: clients re-attach)."""
 
     jobs: list[JobRecord] = field(default_factory=list)
-    allocation: Allocation | None = None
+    #: (key, site, allocation) in the order they were requested.
+    allocations: list[tuple[str, str, Allocation]] = field(default_factory=list)
     next_seq: int = 1
     #: Nodes whose agents had registered (by name).
     nodes: list[NodeConfigured] = field(default_factory=list)
+
+    @property
+    def allocation(self) -> Allocation | None:
+        """The first allocation (a pilot with one)."""
+        return self.allocations[0][2] if self.allocations else None
+
     #: ``Batch.meta`` values (e.g. the endpoint the agents connect to).
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -166,7 +174,7 @@ class Batch:
         self._dispatched: list[tuple[Any, ...]] = []
         self._results: list[tuple[Any, ...]] = []
         self._envs: list[tuple[Any, ...]] = []
-        self._alloc: tuple[Any, ...] | None = None
+        self._alloc: dict[int, tuple[Any, ...]] = {}
         self._requeued: list[tuple[str]] = []
         self._updates: list[tuple[Any, ...]] = []
         self._nodes: list[tuple[str, bytes]] = []
@@ -260,9 +268,10 @@ class Batch:
         env = None if environment is None else _pack(dict(environment))
         self._envs.append((env, _pack(list(unset)), job_id))
 
-    def allocation(self, a: Allocation) -> None:
-        """The allocation as it is now: a restarted daemon re-attaches to it instead of asking again."""
-        self._alloc = (
+    def allocation(self, a: Allocation, *, key: str = "a1", site: str = "main") -> None:
+        """An allocation as it is now: a restarted daemon re-attaches to it instead of asking again."""
+        self._alloc[int(key[1:])] = (
+            int(key[1:]),
             a.lrm,
             a.native_id,
             a.state.value,
@@ -274,6 +283,7 @@ class Batch:
             _pack(list(a.hosts)),
             a.message,
             _pack(dict(a.detail)),
+            site,
         )
 
     def _write(self, db: sqlite3.Connection) -> None:
@@ -307,8 +317,10 @@ class Batch:
                 "WHERE id = ?",
                 self._updates,
             )
-        if self._alloc is not None:
-            db.execute("INSERT OR REPLACE INTO allocation VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self._alloc)
+        if self._alloc:
+            db.executemany(
+                "INSERT OR REPLACE INTO allocation VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self._alloc.values()
+            )
         if self._nodes:
             db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?)", self._nodes)
         if self._meta:
@@ -501,10 +513,23 @@ class Store:
         out.jobs = list(jobs.values())
         row = db.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
         out.next_seq = max(max_seq, int(row[0]) if row else 0) + 1
-        arow = db.execute("SELECT * FROM allocation WHERE id = 1").fetchone()
-        if arow is not None:
-            _, lrm, native_id, state, nodes, submitted, started, walltime, expected, hosts, message, detail = arow
-            out.allocation = Allocation(
+        arows: list[tuple[Any, ...]] = db.execute("SELECT * FROM allocation ORDER BY id").fetchall()
+        for (
+            num,
+            lrm,
+            native_id,
+            state,
+            nodes,
+            submitted,
+            started,
+            walltime,
+            expected,
+            hosts,
+            message,
+            detail,
+            site,
+        ) in arows:
+            a = Allocation(
                 native_id=native_id,
                 lrm=lrm,
                 state=AllocationState(state),
@@ -517,6 +542,7 @@ class Store:
                 hosts=list(_unpack(hosts)),
                 detail=dict(_unpack(detail)) if detail is not None else {},
             )
+            out.allocations.append((f"a{int(num)}", str(site), a))
         out.nodes = [NodeConfigured.from_wire(_unpack(c)) for _, c in db.execute("SELECT name, config FROM nodes")]
         for key, value in db.execute("SELECT key, value FROM meta WHERE key != 'seq'"):
             out.meta[key] = _unpack(value)
@@ -614,6 +640,16 @@ _FIX: Final = (
 )
 
 
+def _migrate_v1(db: sqlite3.Connection) -> None:
+    """Schema 1 held one allocation (id 1, no site): it becomes a1 of the main site."""
+    db.execute("ALTER TABLE allocation RENAME TO allocation_v1")
+    create = _SCHEMA[_SCHEMA.index("CREATE TABLE allocation") :]
+    db.execute(create[: create.index(";")])
+    db.execute("INSERT INTO allocation SELECT *, 'main' FROM allocation_v1")
+    db.execute("DROP TABLE allocation_v1")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
 def _error(path: Path, exc: sqlite3.Error) -> JournalError:
     text = str(exc)
     if "locked" in text or "busy" in text:
@@ -666,6 +702,8 @@ def _setup(db: sqlite3.Connection, path: Path, *, durable: bool) -> None:
                 )
             elif version < 1:
                 raise JournalError(f"the pilot journal {path} has no schema version; {_FIX.format(path=path)}")
+            elif version == 1:
+                _migrate_v1(db)
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:

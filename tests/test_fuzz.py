@@ -1262,6 +1262,8 @@ def test_client_socket_barrage(start_pilot: Any, tmp_path: Path) -> None:
                         reply.body.get("results", []) if expected[len(got) - 1][1].kind == Kind.SUBMIT else []
                     ):
                         tally["job accepted" if "id" in result else "job refused"] += 1
+                        if "error" in result:  # why, for the assertion's message below
+                            tally["refused: " + str(result["error"])[:60]] += 1
         assert got == [rid for rid, _ in expected] + [mark]
 
     tally: Counter[str] = Counter()
@@ -1319,7 +1321,9 @@ def _encoder(kind: str) -> Callable[[dict[str, Any]], bytes]:
 
 
 def _identity_text(s: str, n: int) -> str:
-    return f"{s.lstrip(chr(0)) or 'x'}#{n}"  # unique per example: zmq refuses an identity still connected
+    # Unique per example (zmq refuses an identity still connected), and of one length whatever the count:
+    # what the strategies draw next must not depend on state outside the example (hypothesis checks).
+    return f"{s.lstrip(chr(0)) or 'x'}#{n:09d}"
 
 
 @pytest.mark.timeout(150 * STRETCH)

@@ -10,12 +10,14 @@ import shutil
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from lrm_standin import standin_request
 from slurm_fixture import slurm_cluster
 
+import client as psij
 from pilot.launchers.mpirun import MpirunLauncher
 from pilot.launchers.srun import SrunLauncher, cpu_bind
 from pilot.lrm import create
@@ -148,6 +150,7 @@ def test_mpirun_openmpi_host_list_and_forwarded_environment() -> None:
         "--host", "node1.cluster:2,node2.cluster:2",
         "--map-by", "slot",
         "--bind-to", "none",
+        "--oversubscribe",
         "-x", "OMP_NUM_THREADS",
         "-x", "PILOT_JOB_ID",
         "-x", "PILOT_SIZE",
@@ -283,23 +286,55 @@ async def test_real_srun_pins_ranks_itself_when_nodes_disagree(slurm_cluster: di
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("per_node", [1, 2])
 async def test_real_mpirun_across_two_slurm_nodes_prints_its_ranks(
-    slurm_cluster: dict[str, str], tmp_path: Path
+    slurm_cluster: dict[str, str], tmp_path: Path, per_node: int
 ) -> None:
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun is not installed (CI installs Debian's openmpi-bin through .ci/slurm.sh)")
-    ranks = [rp("node1", [0]), rp("node2", [0])]
+    ranks = [rp(node, [core]) for node in ("node1", "node2") for core in range(per_node)]
     (plan,) = MpirunLauncher().plan(
         job_id="8",
         description=job("/bin/sh", "-c", RANK_PRINTER),
         ranks=ranks,
-        hosts=["node1", "node2"],
+        hosts=[r.node for r in ranks],
         environment=None,
     )
     env = dict(plan.order.rank_environment, PSIJ_NODEFILE="/dev/null")
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     result = await _run_in_pilot(tmp_path, [plan.order.executable, *plan.order.arguments], env)
-    assert result["rc"] == 0, result
+    assert result["rc"] == 0, result["stderr"]
     lines = _lines(str(result["stdout"]))
-    assert {r: v["node"] for r, v in lines.items()} == {0: "node1", 1: "node2"}, result
+    assert {r: v["node"] for r, v in lines.items()} == {i: r.node for i, r in enumerate(ranks)}, result
+    assert all(v["size"] == str(len(ranks)) for v in lines.values()), result
+
+
+@pytest.mark.timeout(60)
+def test_pilot_mpi_flavor_mpich_runs_hydras_mpiexec_with_the_placements_hosts(
+    start_pilot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The config's ``pilot.mpi_flavor`` reaches the daemon's plans. MPICH is not installed next to Open MPI
+    here: an ``mpiexec`` earlier on PATH records the command line the agent ran."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mpiexec").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (bin_dir / "mpiexec").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    pilot = start_pilot('[pilot]\nmpi_flavor = "mpich"\n[allocation]\nlrm = "local"\nnodes = 2\ncores_per_node = 2\n')
+    ex = pilot.executor()
+    out = tmp_path / "out"
+    j = psij.Job(
+        psij.JobSpec(
+            "/bin/app",
+            ["x"],
+            launcher="mpirun",
+            stdout_path=out,
+            resources=psij.ResourceSpecV1(node_count=2, processes_per_node=2),
+        )
+    )
+    ex.submit(j)
+    status = j.wait(timeout=30)
+    assert status is not None and status.state is psij.JobState.COMPLETED, status
+    host = socket.gethostname()
+    assert out.read_text().split() == ["-n", "4", "-hosts", f"{host}:4", "/bin/app", "x"]

@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pilot_waits import agents_active, list_when_back
+from pilot_waits import agents_active, list_when_back, wait_for
 from slurm_fixture import slurm_cluster  # noqa: F401 - the session fixture
 
 import client as psij
@@ -47,12 +47,12 @@ def test_slurm_pilot_runs_ranks_on_both_nodes_and_fails_jobs_when_cancelled(
         ex,
         tmp_path / "p.out",
         "mpirun",
-        psij.ResourceSpecV1(node_count=2, processes_per_node=1),
+        psij.ResourceSpecV1(node_count=2, processes_per_node=2),
         "echo rank-$OMPI_COMM_WORLD_RANK-$SLURMD_NODENAME",
         environment=root_ok,
     )
-    assert sorted(w.split("-")[1] for w in seen) == ["0", "1"], seen  # both ranks printed
-    assert sorted(w.split("-")[2] for w in seen) == ["node1", "node2"], seen  # one on each node
+    assert sorted(w.split("-")[1] for w in seen) == ["0", "1", "2", "3"], seen  # every rank printed
+    assert collections.Counter(w.split("-")[2] for w in seen) == {"node1": 2, "node2": 2}, seen  # 2 per node
     jobs = [psij.Job(psij.JobSpec("/bin/true")) for _ in range(200)]
     for job in jobs:
         ex.submit(job)
@@ -159,3 +159,94 @@ def test_slurm_pilot_restarted_after_sigkill_keeps_its_allocation_and_running_ta
         assert (tmp_path / f"m{i}").read_text().split() in (["node1"], ["node2"]), "ran exactly once"
     queue = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
     assert queue == [native], f"the restarted daemon asked Slurm for another allocation: {queue}"
+
+
+def test_two_slurm_allocations_in_one_pilot_each_job_runs_inside_one(
+    slurm_cluster: dict[str, str],  # noqa: F811
+    start_pilot: Any,
+    tmp_path: Path,
+) -> None:
+    """``pilots = 2``: two Slurm jobs of one node each, both used; every task's SLURM_JOB_ID is the
+    allocation its node belongs to, and a parallel srun launch stays inside one of them."""
+    pilot = start_pilot(CONFIG.replace("nodes = 2", "nodes = 1\npilots = 2"))
+    ex = pilot.executor()
+    st = agents_active(ex, 2)
+    allocations = {a["name"]: str(a["native_id"]) for a in st["allocations"]}
+    assert sorted(allocations) == ["a1", "a2"] and len(set(allocations.values())) == 2, st["allocations"]
+    names = sorted(n["name"] for n in st["nodes"])
+    assert not names[0].endswith("@a2") and names[1].endswith("@a2"), names  # host@a2 even on a shared host
+    cores = min(int(n["cores"]) for n in st["nodes"])
+    whole = psij.ResourceSpecV1(cpu_cores_per_process=cores)  # a whole node: one such job per allocation
+    jobs = []
+    for i in range(2):
+        out = tmp_path / f"w{i}.out"
+        job = psij.Job(
+            psij.JobSpec("/bin/sh", ["-c", "echo $PILOT_NODE $SLURM_JOB_ID; sleep 2"], stdout_path=out, resources=whole)
+        )
+        ex.submit(job)
+        jobs.append((job, out))
+    for job, _ in jobs:
+        status = job.wait(timeout=60)
+        assert status is not None and status.state is psij.JobState.COMPLETED, status
+    ran = dict(out.read_text().split() for _, out in jobs)
+    assert sorted(ran) == names, ran  # one on each allocation's node, at the same time
+    for node, job_id in ran.items():
+        assert job_id == allocations["a2" if node.endswith("@a2") else "a1"], (node, job_id, allocations)
+    seen = _run(ex, tmp_path / "s.out", "srun", psij.ResourceSpecV1(process_count=2), "echo $SLURM_JOB_ID")
+    assert len(set(seen)) == 1 and seen[0] in allocations.values(), seen
+
+
+def test_slurm_autoscale_submits_another_pilot_for_waiting_work_and_releases_it_when_idle(
+    slurm_cluster: dict[str, str],  # noqa: F811
+    start_pilot: Any,
+    tmp_path: Path,
+) -> None:
+    config = CONFIG.replace("nodes = 2", "nodes = 1") + (
+        "[autoscale]\nmax_pilots = 2\ngrow_after = 0.5\nidle_timeout = 3\nmin_pilots = 1\n"
+    )
+    pilot = start_pilot(config)
+    ex = pilot.executor()
+    st = agents_active(ex, 1)
+    first = str(st["allocations"][0]["native_id"])
+    whole = psij.ResourceSpecV1(cpu_cores_per_process=int(st["nodes"][0]["cores"]))
+    jobs = []
+    for i in range(2):
+        out = tmp_path / f"g{i}.out"
+        job = psij.Job(psij.JobSpec("/bin/sh", ["-c", "echo $SLURM_JOB_ID; sleep 3"], stdout_path=out, resources=whole))
+        ex.submit(job)
+        jobs.append((job, out))
+    for job, _ in jobs:
+        status = job.wait(timeout=90)
+        assert status is not None and status.state is psij.JobState.COMPLETED, status
+    used = {out.read_text().strip() for _, out in jobs}
+    st = ex.pilot_status()
+    natives = [str(a["native_id"]) for a in st["allocations"]]
+    assert len(natives) == 2 and natives[0] == first and used == set(natives), (used, natives)
+
+    def released() -> bool:
+        return sorted(a["state"] for a in ex.pilot_status()["allocations"]) == ["active", "done"]
+
+    # Idle: the one ending first (here the older) is released, min_pilots = 1 is kept.
+    wait_for(released, timeout=40, what="one idle allocation to be released")
+    mine = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    assert sum(n in mine for n in natives) == 1, (mine, natives)
+
+
+def test_slurm_autoscale_stops_after_refused_pilots_and_fails_waiting_jobs_with_slurms_words(
+    slurm_cluster: dict[str, str],  # noqa: F811
+    start_pilot: Any,
+) -> None:
+    config = CONFIG.replace('partition = "debug"', 'partition = "nosuchpartition"\npilots = 0') + (
+        "[autoscale]\nmax_pilots = 4\nmax_failures = 2\ngrow_after = 0\n"
+    )
+    pilot = start_pilot(config)
+    ex = pilot.executor()
+    job = psij.Job(psij.JobSpec("/bin/true"))
+    ex.submit(job)
+    status = job.wait(timeout=60)
+    assert status is not None and status.state is psij.JobState.FAILED, status
+    message = (status.message or "").lower()
+    assert "2 allocations in a row failed to start" in message and "invalid partition" in message, message
+    st = ex.pilot_status()
+    assert [a["state"] for a in st["allocations"]] == ["failed", "failed"], st["allocations"]
+    assert st["autoscale"]["stopped"]

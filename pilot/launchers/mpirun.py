@@ -58,6 +58,10 @@ class MpirunLauncher(ParallelLauncher):
         if self.flavor == "mpich":
             return ["-n", str(len(ranks)), "-hosts", host_list, *self.extra_args, *program]
         args = ["-n", str(len(ranks)), "--host", host_list, "--map-by", "slot", "--bind-to", "none"]
+        # Inside a batch allocation Open MPI counts slots as the batch system launched the agents (one
+        # task per node) and refuses a second rank on a node; the pilot has placed and counted the ranks
+        # on cores it owns, so that count must not limit them.
+        args.append("--oversubscribe")
         for name in forwarded(description, environment):
             args += ["-x", name]
         return [*args, *self.extra_args, *program]

@@ -37,6 +37,9 @@ class AllocationRequest:
     agent_argv: list[str]
     agent_env: dict[str, str]
     workdir: Path
+    #: Added to every node name of this allocation (``@a2``), so two allocations sharing a host keep
+    #: distinct nodes; empty for the first. Agents add it themselves (``PILOT_AGENT_NODE_SUFFIX``).
+    node_suffix: str = ""
 
 
 @dataclass(slots=True, eq=False)
@@ -108,6 +111,11 @@ class LrmExecutor(ABC):
     @abstractmethod
     async def cancel(self, allocation: Allocation) -> None:
         """Release the allocation and end whatever still runs in it."""
+
+    async def node_lost(self, allocation: Allocation, node: str) -> None:
+        """The agent of ``node`` was declared lost: whatever it left running there may be ended. A batch
+        system ends a lost node's processes with the node (or the allocation), so the default does nothing."""
+        return None
 
     async def reattach(self, allocation: Allocation) -> None:
         """Take over an allocation a previous daemon acquired (recovered from its journal), so that poll

@@ -94,9 +94,14 @@ class LocalExecutor(LrmExecutor):
         self.cpu_maps: list[dict[int, int]] = []
 
     def validate(self, *, nodes: int) -> None:
+        if nodes * (self._cores_per_node or 1) > 10_000_000:
+            raise ConfigError(
+                f"{self.source}: allocation.nodes x cores_per_node = {nodes} x {self._cores_per_node} is over "
+                "10,000,000 cores: a local allocation builds every slot in memory"
+            )
         self.node_layout(nodes)
 
-    def node_layout(self, count: int) -> list[NodeConfigured]:
+    def node_layout(self, count: int, *, suffix: str = "") -> list[NodeConfigured]:
         cpus = sorted(os.sched_getaffinity(0))
         hostname = socket.gethostname()
         total_mem = psutil.virtual_memory().total
@@ -121,7 +126,7 @@ class LocalExecutor(LrmExecutor):
             self.cpu_maps.append(cpu_map)
             nodes.append(
                 NodeConfigured(
-                    name=f"local-{i}",
+                    name=f"local-{i}{suffix}",
                     hostname=hostname,
                     processors=mine,
                     memory=self._memory_per_node or total_mem // count,
@@ -134,8 +139,9 @@ class LocalExecutor(LrmExecutor):
         return nodes
 
     async def submit(self, request: AllocationRequest) -> Allocation:
-        nodes = self.node_layout(request.nodes)
-        native_id = f"local-{os.getpid()}-{int(time.time())}"
+        nodes = self.node_layout(request.nodes, suffix=request.node_suffix)
+        cpu_maps = list(self.cpu_maps)  # node_layout may run again while this submit awaits
+        native_id = f"local-{os.getpid()}-{int(time.time())}{request.node_suffix.replace('@', '-')}"
         alloc = Allocation(
             native_id=native_id,
             lrm=self.kind,
@@ -148,10 +154,11 @@ class LocalExecutor(LrmExecutor):
         procs = []
         per = self._nodes_per_agent
         for first in range(0, len(nodes), per):
-            group = list(zip(nodes[first : first + per], self.cpu_maps[first : first + per], strict=True))
+            group = list(zip(nodes[first : first + per], cpu_maps[first : first + per], strict=True))
             name = group[0][0].name
             env = dict(os.environ)
             env.update(request.agent_env)
+            env["PILOT_ALLOCATION"] = native_id  # tasks inherit it: how their leftovers are found (_reap)
             if self._launch == "null":
                 env["PILOT_AGENT_LAUNCH"] = "null"
                 env["PILOT_AGENT_NULL_DURATION"] = repr(self._null_duration)
@@ -222,6 +229,14 @@ class LocalExecutor(LrmExecutor):
                     tail = _tail(workdir / f"{p.name}.log") if workdir is not None else ""
                     parts.append(f"agent {p.name} {p.describe_exit()}" + (f": {tail}" if tail else ""))
                 alloc.message = "every agent exited; " + "; ".join(parts)
+                reaped = await anyio.to_thread.run_sync(_reap, alloc.native_id)
+                if reaped:
+                    alloc.message += f"; {reaped} task process(es) they left were killed"
+
+    async def node_lost(self, allocation: Allocation, node: str) -> None:
+        reaped = await anyio.to_thread.run_sync(_reap, allocation.native_id, node)
+        if reaped:
+            log.warning("killed tasks left on a lost node", node=node, processes=reaped)
 
     async def cancel(self, allocation: Allocation) -> None:
         procs = self._procs.get(allocation.native_id, [])
@@ -236,6 +251,9 @@ class LocalExecutor(LrmExecutor):
         for p in procs:
             await p.wait()
             await p.aclose()
+        reaped = await anyio.to_thread.run_sync(_reap, allocation.native_id)
+        if reaped:
+            log.warning("killed tasks left by agents that died", allocation=allocation.native_id, processes=reaped)
         allocation.state = AllocationState.DONE
         self._procs.pop(allocation.native_id, None)
 
@@ -311,13 +329,42 @@ class _AgentProcess:
             await self._child.aclose()
 
 
+def _reap(native_id: str, node: str | None = None) -> int:
+    """Kill what still runs of an allocation (or of one of its nodes) whose agents are gone. Tasks run in
+    their own sessions, so an agent that was SIGKILLed leaves them running (on a real node, the node's
+    end takes them); they are this user's processes whose environment carries the allocation's id (and
+    the node that started them)."""
+    me = os.getuid()
+    found = 0
+    for proc in psutil.process_iter(["uids", "environ"], ad_value=None):
+        uids, environ = proc.info["uids"], proc.info["environ"]
+        if uids is None or uids.real != me or not environ or environ.get("PILOT_ALLOCATION") != native_id:
+            continue
+        if node is not None and environ.get("PILOT_NODE") != node:
+            continue
+        found += 1
+        try:
+            os.killpg(proc.pid, signal.SIGKILL) if os.getpgid(proc.pid) == proc.pid else proc.kill()
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return found
+
+
 def _opt_int(options: dict[str, Any], key: str, source: str) -> int | None:
     value = options.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "gpus_per_node" else 1):
         raise ConfigError(f"{source}: allocation.{key} = {value!r} must be a positive integer")
+    if value > _MOST[key]:
+        raise ConfigError(
+            f"{source}: allocation.{key} = {value} is more than a node can have here (at most {_MOST[key]})"
+        )
     return value
+
+
+#: Bounds on declared virtual hardware: a typo of a few digits must not build millions of slots at `pilot up`.
+_MOST: dict[str, int] = {"cores_per_node": 16_384, "gpus_per_node": 1_024, "nodes_per_agent": 100_000}
 
 
 def _open_log(path: Path) -> BinaryIO:
