@@ -95,6 +95,7 @@ class ProcessEngine:
         self._core_users: Counter[int] = Counter()
         self._waiting: list[ProcessOrder] = []
         self._events: list[Event] = []
+        self._held_since: float | None = None  # monotonic start of the oldest held ``started`` event
         self._stopping = False
         self._pending_orders = 0
         #: Orders accepted and not yet started or failed: a key leaves this set only in the same locked
@@ -156,25 +157,52 @@ class ProcessEngine:
         with self._lock:
             for c in order.cores:
                 self._core_users[c] -= 1
-            if self._waiting:
-                still = []
-                for w in self._waiting:
-                    if any(self._core_users[c] for c in w.cores):
-                        still.append(w)
-                    else:
-                        self._accept(w)
-                self._waiting = still
+            if not self._waiting:
+                return
+            still = []
+            for w in self._waiting:
+                if any(self._core_users[c] for c in w.cores):
+                    still.append(w)
+                else:
+                    self._accept(w)
+            accepted = len(still) < len(self._waiting)
+            self._waiting = still
+        if accepted:
+            self._notify()  # the loop's next_deadline must see them pending: their starts do not wake it
 
     def poll(self, mono: float) -> None:
         """Nothing to do at a given time: the spawner and reaper threads report by themselves."""
 
     def next_deadline(self) -> float | None:
+        """When a held ``started`` event is due (see :meth:`drain`); while orders are being spawned, one
+        hold from now, since their ``started`` events come without a wake-up."""
+        with self._lock:
+            if self._held_since is not None:
+                return self._held_since + _START_HOLD
+            if self._pending_orders:
+                return time.monotonic() + _START_HOLD
         return None
 
     def drain(self) -> list[Event]:
+        """Events to send. A ``started`` event is held up to ``_START_HOLD`` seconds while its process
+        runs: a short task's exit then carries it (one event, one daemon pass, not two). A task's
+        ``started`` never wakes the loop by itself; exits and failures do."""
+        now = time.monotonic()
         with self._lock:
             events, self._events = self._events, []
-        return events
+            self._held_since = None
+            if not any(e.kind == "started" for e in events):
+                return events
+            out: list[Event] = []
+            for e in events:
+                run = self._by_key.get((e.job_id, e.slot)) if e.kind == "started" else None
+                if run is not None and now - run.started_mono < _START_HOLD:
+                    self._events.append(e)
+                    if self._held_since is None or run.started_mono < self._held_since:
+                        self._held_since = run.started_mono
+                else:
+                    out.append(e)
+        return out
 
     def kill(self, key: Key, *, reason: str, sig: int = signal.SIGTERM) -> bool:
         """Signal the process group of ``key``; an order not started yet is dropped. False if unknown."""
@@ -236,6 +264,7 @@ class ProcessEngine:
         orders the agent never received from ones it ran."""
         with self._lock:
             events, self._events = self._events, []
+            self._held_since = None
             return self._running_locked(), events
 
     def busy(self) -> bool:
@@ -389,8 +418,8 @@ class ProcessEngine:
             self._by_pid[pid] = run
             self._by_key[key] = run
             early = self._early.pop(pid, None)
+            self._events.append(Event(order.job_id, order.slot, "started", t0, {"pid": pid}))  # no wake-up: see drain
             self._cv.notify()
-        self._emit(Event(order.job_id, order.slot, "started", t0, {"pid": pid}))
         if early is not None:
             self._finish(pid, *early)
         return True
@@ -513,6 +542,7 @@ class ProcessEngine:
         self._notify()
 
 
+_START_HOLD: Final = 0.005  # seconds a running task's ``started`` event may wait for its exit (drain)
 _SEAL_INTERVAL: Final = 1.0  # seconds between checks that no stray fd would leak into tasks
 _DEFAULT_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ)  # ignored by Python, default for tasks (as Popen)
 _CLONE_FS: Final = 0x00000200
