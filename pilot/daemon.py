@@ -1294,7 +1294,7 @@ class Daemon:
                     continue
                 ranks = place(d.resources, nodes, job_id=job.id)
                 if ranks is None and behind and can_wait_behind(d.resources) and not (d.pre_launch or d.post_launch):
-                    ranks = place_behind(d.resources, nodes)
+                    ranks = place_behind(d.resources, nodes, depth=behind)
                 if ranks is None:
                     break
                 self.queue.pop_head(key)
