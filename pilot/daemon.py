@@ -62,7 +62,7 @@ from pilot.security import (
 )
 from pilot.sss_jobs import SssJob, prepare, read_submission
 from pilot.store import SSS_KEYS, Batch, JournalError, Recovered, Store
-from pilot.transport import Waiter, drain
+from pilot.transport import Progress, Waiter, drain
 
 log = structlog.get_logger("pilot.daemon")
 
@@ -129,7 +129,7 @@ class Daemon:
         self._stopping = False
         self._draining = False  # 'pilot down --drain': no new jobs, stop once the accepted ones ended
         self._stop = anyio.Event()
-        self._progress = anyio.Event()
+        self._progress = Progress()
         self._agent_frames: list[list[bytes]] = []  # direct replies to agents (registered, heartbeat)
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._clients = self._ctx.socket(zmq.ROUTER)
@@ -522,7 +522,7 @@ class Daemon:
         for job in self.jobs.values():
             if not job.final:
                 self._finish(job)
-        flushed = self._progress
+        flushed = self._progress.event()
         self.poke()
         with anyio.move_on_after(2):
             await flushed.wait()  # the I/O task sent the final statuses
@@ -1728,8 +1728,7 @@ class Daemon:
                 if job.final and not job.processes:
                     self.jobs.pop(job.id, None)
             self._retired.clear()
-        self._progress.set()
-        self._progress = anyio.Event()
+        self._progress.notify()
 
     def _merge_held(self, events: dict[bytes, dict[str, Any]]) -> dict[bytes, float]:
         """Put the statuses held for slow clients back in front of this flush's (a newer status of the
@@ -1748,7 +1747,7 @@ class Daemon:
     async def _until(self, predicate: Callable[[], bool]) -> None:
         """Wait for ``predicate``, re-checked after every flush (every burst of messages)."""
         while not predicate():
-            await self._progress.wait()
+            await self._progress.event().wait()
 
     async def _monitor_loop(self) -> None:
         timeout = self.config.pilot.agent_timeout
