@@ -96,6 +96,7 @@ class ProcessEngine:
         self._waiting: list[ProcessOrder] = []
         self._events: list[Event] = []
         self._held_since: float | None = None  # monotonic start of the oldest held ``started`` event
+        self._report_since: float | None = None  # monotonic time of the oldest undrained exit or failure
         self._stopping = False
         self._pending_orders = 0
         #: Orders accepted and not yet started or failed: a key leaves this set only in the same locked
@@ -165,32 +166,43 @@ class ProcessEngine:
                     still.append(w)
                 else:
                     self._accept(w)
-            accepted = len(still) < len(self._waiting)
+            # The loop's next_deadline must see them pending (their starts do not wake it), unless an
+            # undrained exit already makes it come back within _EXIT_HOLD.
+            wake = len(still) < len(self._waiting) and self._report_since is None
             self._waiting = still
-        if accepted:
-            self._notify()  # the loop's next_deadline must see them pending: their starts do not wake it
+        if wake:
+            self._notify()
 
     def poll(self, mono: float) -> None:
         """Nothing to do at a given time: the spawner and reaper threads report by themselves."""
 
     def next_deadline(self) -> float | None:
-        """When a held ``started`` event is due (see :meth:`drain`); while orders are being spawned, one
-        hold from now, since their ``started`` events come without a wake-up."""
+        """When held events are due (see :meth:`drain`); while orders are being spawned, one start hold
+        from now, since their ``started`` events come without a wake-up."""
         with self._lock:
+            when = None if self._report_since is None else self._report_since + _EXIT_HOLD
             if self._held_since is not None:
-                return self._held_since + _START_HOLD
-            if self._pending_orders:
-                return time.monotonic() + _START_HOLD
-        return None
+                start = self._held_since + _START_HOLD
+            elif self._pending_orders:
+                start = time.monotonic() + _START_HOLD
+            else:
+                return when
+            return start if when is None else min(when, start)
 
     def drain(self) -> list[Event]:
         """Events to send. A ``started`` event is held up to ``_START_HOLD`` seconds while its process
         runs: a short task's exit then carries it (one event, one daemon pass, not two). A task's
-        ``started`` never wakes the loop by itself; exits and failures do."""
+        ``started`` never wakes the loop by itself; exits and failures do. While orders wait here for
+        their cores, exits are held up to ``_EXIT_HOLD`` seconds too: the cores stay busy meanwhile, and
+        the daemon gets the exits of a burst in one message (and answers with one batch of orders)
+        instead of one each; an agent with no queued work reports at once."""
         now = time.monotonic()
         with self._lock:
+            since = self._report_since
+            if since is not None and now - since < _EXIT_HOLD and (self._waiting or self._pending_orders):
+                return []
             events, self._events = self._events, []
-            self._held_since = None
+            self._held_since = self._report_since = None
             if not any(e.kind == "started" for e in events):
                 return events
             out: list[Event] = []
@@ -212,9 +224,7 @@ class ProcessEngine:
                 waiting = next((w for w in self._waiting if (w.job_id, w.slot) == key), None)
                 if waiting is not None:
                     self._waiting.remove(waiting)
-                    self._events.append(
-                        Event(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False})
-                    )
+                    self._report(Event(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False}))
                 elif self._pending_orders:
                     self._cancelled[key] = reason
                 else:
@@ -264,7 +274,7 @@ class ProcessEngine:
         orders the agent never received from ones it ran."""
         with self._lock:
             events, self._events = self._events, []
-            self._held_since = None
+            self._held_since = self._report_since = None
             return self._running_locked(), events
 
     def busy(self) -> bool:
@@ -532,17 +542,29 @@ class ProcessEngine:
         with self._lock:
             if self._by_key.get(key) is run:
                 del self._by_key[key]  # in the same step as its exit event: see snapshot()
-            self._events.append(event)
-        self._notify()
+            first = self._report(event)
+        if first:
+            self._notify()
         self._release(run.order)
 
     def _emit(self, event: Event) -> None:
         with self._lock:
-            self._events.append(event)
-        self._notify()
+            first = self._report(event)
+        if first:
+            self._notify()
+
+    def _report(self, event: Event) -> bool:
+        """Queue an exit or failure (the lock held). True for the first one not drained yet: only that
+        one needs to wake the loop, which then drains or holds them all (next_deadline)."""
+        self._events.append(event)
+        if self._report_since is None:
+            self._report_since = time.monotonic()
+            return True
+        return False
 
 
 _START_HOLD: Final = 0.005  # seconds a running task's ``started`` event may wait for its exit (drain)
+_EXIT_HOLD: Final = 0.002  # seconds exits may wait to go together while the agent has orders queued (drain)
 _SEAL_INTERVAL: Final = 1.0  # seconds between checks that no stray fd would leak into tasks
 _DEFAULT_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ)  # ignored by Python, default for tasks (as Popen)
 _CLONE_FS: Final = 0x00000200
