@@ -95,6 +95,8 @@ class ProcessEngine:
         self._core_users: Counter[int] = Counter()
         self._waiting: list[ProcessOrder] = []
         self._events: list[Event] = []
+        self._held_since: float | None = None  # monotonic start of the oldest held ``started`` event
+        self._report_since: float | None = None  # monotonic time of the oldest undrained exit or failure
         self._stopping = False
         self._pending_orders = 0
         #: Orders accepted and not yet started or failed: a key leaves this set only in the same locked
@@ -156,25 +158,63 @@ class ProcessEngine:
         with self._lock:
             for c in order.cores:
                 self._core_users[c] -= 1
-            if self._waiting:
-                still = []
-                for w in self._waiting:
-                    if any(self._core_users[c] for c in w.cores):
-                        still.append(w)
-                    else:
-                        self._accept(w)
-                self._waiting = still
+            if not self._waiting:
+                return
+            still = []
+            for w in self._waiting:
+                if any(self._core_users[c] for c in w.cores):
+                    still.append(w)
+                else:
+                    self._accept(w)
+            # The loop's next_deadline must see them pending (their starts do not wake it), unless an
+            # undrained exit already makes it come back within _EXIT_HOLD.
+            wake = len(still) < len(self._waiting) and self._report_since is None
+            self._waiting = still
+        if wake:
+            self._notify()
 
     def poll(self, mono: float) -> None:
         """Nothing to do at a given time: the spawner and reaper threads report by themselves."""
 
     def next_deadline(self) -> float | None:
-        return None
+        """When held events are due (see :meth:`drain`); while orders are being spawned, one start hold
+        from now, since their ``started`` events come without a wake-up."""
+        with self._lock:
+            when = None if self._report_since is None else self._report_since + _EXIT_HOLD
+            if self._held_since is not None:
+                start = self._held_since + _START_HOLD
+            elif self._pending_orders:
+                start = time.monotonic() + _START_HOLD
+            else:
+                return when
+            return start if when is None else min(when, start)
 
     def drain(self) -> list[Event]:
+        """Events to send. A ``started`` event is held up to ``_START_HOLD`` seconds while its process
+        runs: a short task's exit then carries it (one event, one daemon pass, not two). A task's
+        ``started`` never wakes the loop by itself; exits and failures do. While orders wait here for
+        their cores, exits are held up to ``_EXIT_HOLD`` seconds too: the cores stay busy meanwhile, and
+        the daemon gets the exits of a burst in one message (and answers with one batch of orders)
+        instead of one each; an agent with no queued work reports at once."""
+        now = time.monotonic()
         with self._lock:
+            since = self._report_since
+            if since is not None and now - since < _EXIT_HOLD and (self._waiting or self._pending_orders):
+                return []
             events, self._events = self._events, []
-        return events
+            self._held_since = self._report_since = None
+            if not any(e.kind == "started" for e in events):
+                return events
+            out: list[Event] = []
+            for e in events:
+                run = self._by_key.get((e.job_id, e.slot)) if e.kind == "started" else None
+                if run is not None and now - run.started_mono < _START_HOLD:
+                    self._events.append(e)
+                    if self._held_since is None or run.started_mono < self._held_since:
+                        self._held_since = run.started_mono
+                else:
+                    out.append(e)
+        return out
 
     def kill(self, key: Key, *, reason: str, sig: int = signal.SIGTERM) -> bool:
         """Signal the process group of ``key``; an order not started yet is dropped. False if unknown."""
@@ -184,9 +224,7 @@ class ProcessEngine:
                 waiting = next((w for w in self._waiting if (w.job_id, w.slot) == key), None)
                 if waiting is not None:
                     self._waiting.remove(waiting)
-                    self._events.append(
-                        Event(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False})
-                    )
+                    self._report(Event(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False}))
                 elif self._pending_orders:
                     self._cancelled[key] = reason
                 else:
@@ -236,6 +274,7 @@ class ProcessEngine:
         orders the agent never received from ones it ran."""
         with self._lock:
             events, self._events = self._events, []
+            self._held_since = self._report_since = None
             return self._running_locked(), events
 
     def busy(self) -> bool:
@@ -389,8 +428,8 @@ class ProcessEngine:
             self._by_pid[pid] = run
             self._by_key[key] = run
             early = self._early.pop(pid, None)
+            self._events.append(Event(order.job_id, order.slot, "started", t0, {"pid": pid}))  # no wake-up: see drain
             self._cv.notify()
-        self._emit(Event(order.job_id, order.slot, "started", t0, {"pid": pid}))
         if early is not None:
             self._finish(pid, *early)
         return True
@@ -503,16 +542,29 @@ class ProcessEngine:
         with self._lock:
             if self._by_key.get(key) is run:
                 del self._by_key[key]  # in the same step as its exit event: see snapshot()
-            self._events.append(event)
-        self._notify()
+            first = self._report(event)
+        if first:
+            self._notify()
         self._release(run.order)
 
     def _emit(self, event: Event) -> None:
         with self._lock:
-            self._events.append(event)
-        self._notify()
+            first = self._report(event)
+        if first:
+            self._notify()
+
+    def _report(self, event: Event) -> bool:
+        """Queue an exit or failure (the lock held). True for the first one not drained yet: only that
+        one needs to wake the loop, which then drains or holds them all (next_deadline)."""
+        self._events.append(event)
+        if self._report_since is None:
+            self._report_since = time.monotonic()
+            return True
+        return False
 
 
+_START_HOLD: Final = 0.005  # seconds a running task's ``started`` event may wait for its exit (drain)
+_EXIT_HOLD: Final = 0.002  # seconds exits may wait to go together while the agent has orders queued (drain)
 _SEAL_INTERVAL: Final = 1.0  # seconds between checks that no stray fd would leak into tasks
 _DEFAULT_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ)  # ignored by Python, default for tasks (as Popen)
 _CLONE_FS: Final = 0x00000200

@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         default="both",
         help="submit_all: one bulk call; submit: one call per job; both (default): each, alternating",
     )
+    ap.add_argument("--backlog", type=int, help="pilot.backlog of the embedded pilot (default: the pilot's)")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = ap.parse_args(argv)
     apis = list(APIS) if args.api == "both" else [args.api]
@@ -141,7 +142,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         os.environ["PILOT_HOME"] = home
         cfg = Path(home) / "bench.toml"
         cfg.write_text(
-            f'[pilot]\nagent_transport = "{args.agent_transport}"\n[allocation]\nlrm = "local"\nnodes = {args.nodes}\n'
+            f'[pilot]\nagent_transport = "{args.agent_transport}"\n'
+            + (f"backlog = {args.backlog}\n" if args.backlog is not None else "")
+            + f'[allocation]\nlrm = "local"\nnodes = {args.nodes}\n'
         )
         os.environ["PILOT_CONFIG"] = str(cfg)
         with psij.JobExecutor.get_instance("pilot") as ex:

@@ -64,7 +64,7 @@ from pilot.security import (
 )
 from pilot.sss_jobs import SssJob, prepare, read_submission
 from pilot.store import SSS_KEYS, Batch, JournalError, Recovered, Store
-from pilot.transport import Waiter, drain
+from pilot.transport import Progress, Waiter, drain
 
 log = structlog.get_logger("pilot.daemon")
 
@@ -153,7 +153,7 @@ class Daemon:
         self._stopping = False
         self._draining = False  # 'pilot down --drain': no new jobs, stop once the accepted ones ended
         self._stop = anyio.Event()
-        self._progress = anyio.Event()
+        self._progress = Progress()
         self._agent_frames: list[list[bytes]] = []  # direct replies to agents (registered, heartbeat)
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._clients = self._ctx.socket(zmq.ROUTER)
@@ -591,7 +591,7 @@ class Daemon:
         for job in self.jobs.values():
             if not job.final:
                 self._finish(job)
-        flushed = self._progress
+        flushed = self._progress.event()
         self.poke()
         with anyio.move_on_after(2):
             await flushed.wait()  # the I/O task sent the final statuses
@@ -1534,7 +1534,7 @@ class Daemon:
         groups = self._groups()
         # While auto-allocation may still add an allocation, jobs wait in the queue, where they count as
         # demand and can go to the new one, not behind a busy core of an allocation held now.
-        behind = self.config.pilot.backlog and not self._room_to_grow()
+        behind = 0 if self._room_to_grow() else self.config.pilot.backlog
         now = time.time()
         sss_passes: dict[str, SchedulingPass] = {}  # one per allocation and pass: category cursors stay valid
         for key, _ in self.queue.heads():
@@ -1570,7 +1570,7 @@ class Daemon:
                     ):
                         # No free core in any allocation: wait at an agent behind a busy one.
                         for g in eligible:
-                            if (ranks := place_behind(d.resources, g.nodes)) is not None:
+                            if (ranks := place_behind(d.resources, g.nodes, depth=behind)) is not None:
                                 break
                     if ranks is not None:
                         self.queue.pop_head(key)
@@ -2048,8 +2048,7 @@ class Daemon:
                 if job.final and not job.processes:
                     self.jobs.pop(job.id, None)
             self._retired.clear()
-        self._progress.set()
-        self._progress = anyio.Event()
+        self._progress.notify()
 
     def _merge_held(self, events: dict[bytes, dict[str, Any]]) -> dict[bytes, float]:
         """Put the statuses held for slow clients back in front of this flush's (a newer status of the
@@ -2068,7 +2067,7 @@ class Daemon:
     async def _until(self, predicate: Callable[[], bool]) -> None:
         """Wait for ``predicate``, re-checked after every flush (every burst of messages)."""
         while not predicate():
-            await self._progress.wait()
+            await self._progress.event().wait()
 
     async def _monitor_loop(self) -> None:
         timeout = self.config.pilot.agent_timeout

@@ -1,4 +1,4 @@
-"""Tasks placed behind busy cores: one deep, exact hand-over, and the agent never overlaps them."""
+"""Tasks placed behind busy cores: ``backlog`` deep, exact hand-over, and the agent never overlaps them."""
 
 from __future__ import annotations
 
@@ -44,6 +44,42 @@ def test_behind_is_one_deep_and_hands_cores_over_exactly() -> None:
     assert node.free_cores == [] and c[0].cores[0] not in node.waiting
     node.give_back(c[0])
     assert node.free_cores == c[0].cores
+
+
+def test_behind_is_backlog_deep_least_queued_cores_first_and_hands_over_in_turn() -> None:
+    node = _node(2)
+    req = ResourceRequest()
+    a = place(req, [node], job_id="a")
+    b = place(req, [node], job_id="b")
+    assert a and b
+    behind = [place_behind(req, [node], depth=3) for _ in range(6)]
+    assert all(behind)
+    cores = [r[0].cores[0] for r in behind if r]
+    assert cores == [0, 1, 0, 1, 0, 1]  # spread over the busy cores, not stacked on one
+    assert place_behind(req, [node], depth=3) is None and node.waiting == {0: 3, 1: 3}
+    assert node.holders == 8
+    # Core 0 passes from holder to waiter to waiter: free only when the last of its four gave it back.
+    node.give_back(a[0])
+    for r in behind[0:4:2]:
+        assert node.free_cores == [] and r
+        node.give_back(r[0])
+    assert node.free_cores == [] and node.waiting == {1: 3}
+    assert behind[4] is not None
+    node.give_back(behind[4][0])
+    assert node.free_cores == [0] and 0 not in node.waiting
+    # A waiter freed from behind core 1 before it started (canceled): the holder keeps its core.
+    assert behind[1] is not None
+    node.give_back(behind[1][0])
+    assert node.free_cores == [0] and node.waiting == {1: 2}
+
+
+def test_a_rank_behind_needs_enough_busy_cores() -> None:
+    node = _node(2)
+    one, two = ResourceRequest(), ResourceRequest(cpu_cores_per_process=2)
+    a = place(one, [node], job_id="a")
+    assert a and node.free_cores == [1]
+    assert place_behind(two, [node], depth=4) is None  # core 1 is free: nothing to wait behind for it
+    assert place_behind(one, [node], depth=4) is not None
 
 
 def test_a_waiter_that_ends_first_leaves_the_holder_its_core() -> None:

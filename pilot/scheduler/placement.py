@@ -7,6 +7,7 @@ Nothing here does I/O; the daemon owns one :class:`NodeSlots` per registered nod
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from dataclasses import dataclass, field
 
 from pilot.model.job_description import ResourceRequest
@@ -36,8 +37,9 @@ class NodeSlots:
     free_gpus: list[int] = field(default_factory=list)
     free_memory: int = 0
     exclusive_job: str | None = None
-    #: Busy cores that already have a rank waiting behind their holder (one deep).
-    waiting: set[int] = field(default_factory=set)
+    #: Busy cores -> how many ranks wait behind their holder (at most the pilot's ``backlog``); a core
+    #: is free again only once its holder and every rank behind it gave it back.
+    waiting: Counter[int] = field(default_factory=Counter)
     holders: int = 0  # ranks currently placed here
     usable: bool = True
 
@@ -99,7 +101,7 @@ class NodeSlots:
             if i < len(self.free_cores) and self.free_cores[i] == c:
                 del self.free_cores[i]
             else:
-                self.waiting.add(c)
+                self.waiting[c] += 1
         for g in rank.gpus:
             i = bisect.bisect_left(self.free_gpus, g)
             if i < len(self.free_gpus) and self.free_gpus[i] == g:
@@ -109,8 +111,12 @@ class NodeSlots:
 
     def give_back(self, rank: RankPlacement) -> None:
         for c in rank.cores:
-            if c in self.waiting:
-                self.waiting.discard(c)  # the rank waiting behind takes the core over
+            n = self.waiting.get(c)
+            if n:  # the next rank waiting behind takes the core over
+                if n == 1:
+                    del self.waiting[c]
+                else:
+                    self.waiting[c] = n - 1
             else:
                 bisect.insort(self.free_cores, c)
         for g in rank.gpus:
@@ -185,19 +191,21 @@ def can_wait_behind(req: ResourceRequest) -> bool:
     )
 
 
-def place_behind(req: ResourceRequest, nodes: list[NodeSlots]) -> list[RankPlacement] | None:
-    """Place one rank behind busy cores that have nobody waiting yet (free cores stay free for ranks
-    that can start now); None when no node has enough such cores."""
+def place_behind(req: ResourceRequest, nodes: list[NodeSlots], *, depth: int = 1) -> list[RankPlacement] | None:
+    """Place one rank behind busy cores with fewer than ``depth`` ranks waiting (free cores stay free
+    for ranks that can start now), the least queued cores first; None when no node has enough."""
     c = req.cpu_cores_per_process
     for node in nodes:
-        if not node.usable or node.exclusive_job is not None:
+        if not node.usable or node.exclusive_job is not None or len(node.cores) - len(node.free_cores) < c:
             continue
+        waiting = node.waiting
         free = set(node.free_cores)
-        candidates = [x for x in node.cores if x not in free and x not in node.waiting]
+        candidates = [x for x in node.cores if x not in free and waiting.get(x, 0) < depth]
         if len(candidates) < c:
             continue
+        candidates.sort(key=lambda x: waiting.get(x, 0))  # stable: low core ids first among equals
         chosen = candidates[:c]
-        node.waiting.update(chosen)
+        waiting.update(chosen)
         node.holders += 1
         return [RankPlacement(node.name, chosen, [], 0, behind=True)]
     return None
