@@ -1537,12 +1537,15 @@ class Daemon:
         behind = 0 if self._room_to_grow() else self.config.pilot.backlog
         now = time.time()
         sss_passes: dict[str, SchedulingPass] = {}  # one per allocation and pass: category cursors stay valid
+        # Every allocation takes every job (no walltime, one batch system): no per-job filtering.
+        open_ended = all(g.end is None for g in groups)
+        kinds = {g.held.site.lrm.kind for g in groups}
         for key, _ in self.queue.heads():
             while (job := self.queue.peek(key)) is not None:
                 d = job.description
                 needs = self._needs_lrm(job)
                 eligible = groups
-                if d.duration is not None or needs is not None:
+                if not ((open_ended or d.duration is None) and (needs is None or kinds == {needs})):
                     eligible = [g for g in groups if g.takes(d.duration, needs, now)]
                 if job.sss is not None:
                     placement = None

@@ -53,7 +53,7 @@ def test_slurm_pilot_runs_ranks_on_both_nodes_and_fails_jobs_when_cancelled(
     )
     assert sorted(w.split("-")[1] for w in seen) == ["0", "1", "2", "3"], seen  # every rank printed
     assert collections.Counter(w.split("-")[2] for w in seen) == {"node1": 2, "node2": 2}, seen  # 2 per node
-    jobs = [psij.Job(psij.JobSpec("/bin/true")) for _ in range(200)]
+    jobs = [psij.Job(psij.JobSpec("/bin/true")) for _ in range(500)]
     for job in jobs:
         ex.submit(job)
     assert all((s := job.wait(timeout=120)) is not None and s.state is psij.JobState.COMPLETED for job in jobs)
@@ -62,6 +62,9 @@ def test_slurm_pilot_runs_ranks_on_both_nodes_and_fails_jobs_when_cancelled(
         ["squeue", "-h", "-s", "-j", native, "-o", "%i"], capture_output=True, text=True
     ).stdout.split()
     assert len(steps) <= 3, f"tasks ran through srun steps: {steps}"  # the agents' step and the batch step
+    # Slurm numbers a job's steps in order: an srun per task would have used 500 step ids by now.
+    step_ids = _run(ex, tmp_path / "step.out", "srun", psij.ResourceSpecV1(process_count=2), "echo $SLURM_STEP_ID")
+    assert all(int(i) < 10 for i in step_ids), f"the 500 tasks went through srun steps: next step is {step_ids}"
     running = psij.Job(psij.JobSpec("/bin/sleep", ["60"]))
     ex.submit(running)
     running.wait(timeout=30, target_states=[psij.JobState.ACTIVE])
