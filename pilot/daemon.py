@@ -920,25 +920,33 @@ class Daemon:
                 message=allocation.message,
             )
             if not held.ready:
-                self._failures += 1
-                a = self.config.autoscale
-                if a.enabled and self._failures >= a.max_failures and not self._autoscale_stopped:
-                    self._autoscale_stopped = (
-                        f"{self._failures} allocations in a row failed to start (autoscale.max_failures); "
-                        f"the last: {message}"
-                    )
-                    log.error("auto-allocation stopped", reason=self._autoscale_stopped)
+                self._failed_to_start(message)
         for name in sorted(held.nodes):
             agent = self.agents.get(name)
             if agent is not None:
                 self._agent_gone(agent, message)
-        if not self._may_run_later(None):
-            reason = self._autoscale_stopped or message
-            for job in list(self.jobs.values()):
-                if job.phase == "queued" and not job.final:
-                    job.phase = "done"
-                    self._dequeue(job)
-                    self._set_state(job, JobState.FAILED, time.time(), message=reason)
+        self._fail_stranded(message)
+
+    def _failed_to_start(self, what: str) -> None:
+        """One more allocation that never started; ``autoscale.max_failures`` in a row stop auto-allocation."""
+        self._failures += 1
+        a = self.config.autoscale
+        if a.enabled and self._failures >= a.max_failures and not self._autoscale_stopped:
+            self._autoscale_stopped = (
+                f"{self._failures} allocations in a row failed to start (autoscale.max_failures); the last: {what}"
+            )
+            log.error("auto-allocation stopped", reason=self._autoscale_stopped)
+
+    def _fail_stranded(self, message: str) -> None:
+        """Queued jobs fail when no allocation is left and none can come: never a hang."""
+        if self._may_run_later(None):
+            return
+        reason = self._autoscale_stopped or message
+        for job in list(self.jobs.values()):
+            if job.phase == "queued" and not job.final:
+                job.phase = "done"
+                self._dequeue(job)
+                self._set_state(job, JobState.FAILED, time.time(), message=reason)
 
     def _can_grow(self) -> bool:
         """Auto-allocation may still bring another allocation."""
@@ -1048,13 +1056,8 @@ class Daemon:
             log.info("auto-allocation: another allocation requested", allocation=held.key, site=source.name)
         except Exception as exc:  # the batch system's command failed: counted like a refusal
             log.error("auto-allocation: request failed", site=source.name, error=str(exc))
-            self._failures += 1
-            if self._failures >= self.config.autoscale.max_failures and not self._autoscale_stopped:
-                self._autoscale_stopped = (
-                    f"{self._failures} allocations in a row failed to start (autoscale.max_failures); "
-                    f"the last: site {source.name}: {exc}"
-                )
-                log.error("auto-allocation stopped", reason=self._autoscale_stopped)
+            self._failed_to_start(f"site {source.name}: {exc}")
+            self._fail_stranded(f"auto-allocation failed: site {source.name}: {exc}")
         finally:
             self._growing = False
             self.poke()

@@ -204,6 +204,23 @@ def test_autoscale_gives_up_on_allocations_that_fail_and_fails_the_waiting_jobs_
     assert "autoscale stopped: 2 allocations in a row failed" in pilot.cli("status").stdout
 
 
+def test_autoscale_whose_requests_raise_stops_and_fails_the_waiting_jobs(start_pilot: Any, tmp_path: Path) -> None:
+    """A request that cannot even be made (the agent's interpreter is missing) counts as a failure too."""
+    missing = tmp_path / "no-such-python"
+    pilot = start_pilot(
+        f'[allocation]\nlrm = "local"\nnodes = 1\npilots = 0\nagent_python = "{missing}"\n'
+        "[autoscale]\nmax_failures = 2\ngrow_after = 0\n"
+    )
+    ex = pilot.executor()
+    job = psij.Job(psij.JobSpec("/bin/true"))
+    ex.submit(job)
+    status = ends(job, psij.JobState.FAILED, timeout=30)
+    assert "2 allocations in a row failed to start" in (status.message or ""), status.message
+    assert "site main" in (status.message or "") and "no-such-python" in (status.message or ""), status.message
+    st = ex.pilot_status()
+    assert st["allocations"] == [] and st["autoscale"]["failures"] == 2
+
+
 @pytest.mark.parametrize(
     ("toml", "words"),
     [
