@@ -815,11 +815,17 @@ class Daemon:
     def _check_sss(self, sss: SssJob) -> None:
         for g in sss.groups:
             self._check_launcher(g.launcher, what=f'{sss.effective.where}: Extension name="Launcher"')
-        if not self.cluster.nodes or any(h.usable and len(h.nodes) < h.allocation.nodes for h in self.held.values()):
-            return  # not every node is in yet: judged when the job is explained, not refused on a guess
+        if (
+            not self.cluster.nodes
+            or any(h.usable and len(h.nodes) < h.allocation.nodes for h in self.held.values())
+            or self._can_grow()
+        ):
+            return  # not every node is in yet, or more may come: judged when explained, not refused on a guess
         key = sss.request.key
         if key not in self._sss_fit:
-            self._sss_fit[key] = why_not(sss.request, self.matcher, self.resources, idle=True)
+            # A job runs inside one allocation: it fits if it fits one of them (even idle).
+            per = [why_not(sss.request, self.matcher, g.resources, idle=True) for g in self._groups()]
+            self._sss_fit[key] = [] if not per or not all(per) else per[0]
         reasons = self._sss_fit[key]
         if reasons:
             raise DescriptionError(f"{sss.effective.where} can never run in this allocation: " + "; ".join(reasons))

@@ -5,6 +5,7 @@ allocations (agent processes), real tasks."""
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import sys
 import textwrap
@@ -86,6 +87,24 @@ def test_two_allocations_from_the_start_run_jobs_side_by_side_each_inside_one(st
     for job, _ in again:
         ends(job, psij.JobState.COMPLETED)
     assert {_ran(out)[0] for _, out in again} == {"local-0", "local-0@a2"}
+
+
+def test_an_sss_job_runs_inside_one_allocation_and_one_too_big_for_each_is_refused(
+    start_pilot: Any, tmp_path: Path
+) -> None:
+    pilot = start_pilot(TWO)
+    ex = pilot.executor()
+    agents_active(ex, 2)
+    three = "<Job><Executable>/bin/true</Executable><TaskGroup><TaskCount>3</TaskCount></TaskGroup></Job>"
+    with pytest.raises(psij.InvalidJobException, match="can never run in this allocation"):
+        ex.submit_sss(three)  # 3 cores: the two allocations have 4, but 2 each
+    two = "<Job><Executable>/bin/sleep</Executable><Arguments>0.5</Arguments><TaskGroup><TaskCount>2</TaskCount>"
+    jobs = [ex.submit_sss(two + "</TaskGroup></Job>")[0] for _ in range(2)]
+    nodes = []
+    for job in jobs:
+        ends(job, psij.JobState.COMPLETED)
+        nodes.append(set(re.findall(r"<Node>([^<]+)</Node>", ex.show_xml(job))))
+    assert sorted(len(n) for n in nodes) == [1, 1] and nodes[0] != nodes[1], nodes  # one allocation each
 
 
 def test_an_allocation_that_ends_fails_only_its_own_jobs(start_pilot: Any, tmp_path: Path) -> None:
