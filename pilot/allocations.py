@@ -24,6 +24,11 @@ class Site:
     def name(self) -> str:
         return self.settings.name
 
+    def could_take(self, duration: float | None, needs: str | None) -> bool:
+        """A new allocation of this site could run a job of this duration whose launcher needs ``needs``."""
+        w = self.settings.walltime
+        return (needs is None or needs == self.lrm.kind) and (w is None or duration is None or duration <= w)
+
 
 @dataclass(slots=True, eq=False)
 class PilotAllocation:
@@ -44,8 +49,6 @@ class PilotAllocation:
     missing_agents: str = ""
     #: Since when it has had nothing to run (monotonic), for idle release.
     idle_since: float | None = None
-    #: Every agent registered once: it started, so its end does not count as a failure to start.
-    ready: bool = False
     #: Its cancel was sent to the batch system.
     cancelling: bool = False
 
@@ -54,6 +57,11 @@ class PilotAllocation:
         """Added to its nodes' names: none for the first, so a single-allocation pilot names nodes as
         its batch system does."""
         return "" if self.key == "a1" else f"@{self.key}"
+
+    @property
+    def ready(self) -> bool:
+        """Every agent registered once (``nodes`` only grows): it started, so its end is no failure to start."""
+        return len(self.nodes) >= self.allocation.nodes
 
     @property
     def alive(self) -> bool:
@@ -73,6 +81,14 @@ class PilotAllocation:
         if a.started is None:
             return a.submitted + a.walltime if earliest else None
         return a.started + a.walltime
+
+    def takes(self, duration: float | None, needs: str | None, *, now: float) -> bool:
+        """A job of this duration, whose launcher needs batch system ``needs``, may start here (by the
+        earliest end known)."""
+        if needs is not None and self.site.lrm.kind != needs:
+            return False
+        end = self.end(earliest=True)
+        return end is None or duration is None or now + duration <= end
 
     def to_status(self, *, registered: int) -> dict[str, Any]:
         st = self.allocation.to_status()

@@ -124,8 +124,7 @@ def _up(args: argparse.Namespace) -> None:
 
     # Validate before forking, so a bad config fails here with exit code 2, not in the daemon's log.
     for site in cfg.sites:
-        with lrm.in_table(site.table):
-            lrm.create(site.lrm, options=site.options, source=cfg.source, table=site.table).validate(nodes=site.nodes)
+        lrm.create(site.lrm, options=site.options, source=cfg.source, table=site.table).validate(nodes=site.nodes)
     rundir.create()
     cmd = [sys.executable, "-m", "pilot", "up", "--foreground", "--rundir", str(rundir.path)]
     if args.config:
@@ -221,7 +220,7 @@ def _status(args: argparse.Namespace) -> None:
     p = st["pilot"]
     flags = "".join(f"  [{w}]" for w in ("resumed", "draining") if p.get(w))
     print(f"pilot {p['name']}  pid {p['pid']}  up {_dur(p['uptime'])}  run dir {p['rundir']}{flags}")
-    allocations = st.get("allocations") or ([st["allocation"]] if st.get("allocation") else [])
+    allocations = st.get("allocations") or []
     if not allocations:
         print("allocation: none yet")
     for a in allocations:

@@ -107,13 +107,6 @@ class _Group:
     held: PilotAllocation
     nodes: list[NodeSlots]
     resources: Resources
-    end: float | None
-
-    def takes(self, duration: float | None, needs: str | None, now: float) -> bool:
-        """A job of this duration (and launcher's batch system) may start here now."""
-        if needs is not None and self.held.site.lrm.kind != needs:
-            return False
-        return self.end is None or duration is None or now + duration <= self.end
 
 
 class Daemon:
@@ -128,7 +121,6 @@ class Daemon:
         ]
         #: The allocations held, in the order they were requested (``a1``, ``a2``, ...), ended ones too.
         self.held: dict[str, PilotAllocation] = {}
-        self._node_alloc: dict[str, PilotAllocation] = {}  # node name -> its allocation
         self.jobs: dict[str, JobRecord] = {}
         self.queue: JobQueue[JobRecord] = JobQueue(key=lambda j: j.key, alive=lambda j: j.phase == "queued")
         self.nodes: dict[str, NodeSlots] = {}
@@ -337,7 +329,7 @@ class Daemon:
             agent.confirmed = False
             agent.last_seen = now
             self.nodes[node.name].usable = False  # until its agent is back
-            known = self._node_alloc.get(node.name)
+            known = self.held.get(node_allocation_key(node.name))
             if known is None or known.over:
                 self._agent_gone(agent, f"node {node.name}'s allocation ended before the restart")
         self._seq = recovered.next_seq - 1
@@ -540,8 +532,7 @@ class Daemon:
             workdir=workdir,
             node_suffix=suffix,
         )
-        with lrm.in_table(source.settings.table):
-            allocation = await source.lrm.submit(request)
+        allocation = await source.lrm.submit(request)
         held = self.held[key] = PilotAllocation(key, source, allocation)
         log.info(
             "allocation requested",
@@ -962,19 +953,9 @@ class Daemon:
         """Whether a job of this duration (and launcher's batch system) may start on an allocation
         held now or on one auto-allocation can still bring."""
         now = time.time()
-        for held in self.held.values():
-            if not held.usable or (needs is not None and held.site.lrm.kind != needs):
-                continue
-            end = held.end(earliest=True)
-            if duration is None or end is None or now + duration <= end:
-                return True
-        if not self._can_grow():
-            return False
-        return any(
-            (needs is None or s.lrm.kind == needs)
-            and (duration is None or s.settings.walltime is None or duration <= s.settings.walltime)
-            for s in self.sites
-        )
+        if any(h.usable and h.takes(duration, needs, now=now) for h in self.held.values()):
+            return True
+        return self._can_grow() and any(s.could_take(duration, needs) for s in self.sites)
 
     def _room_to_grow(self) -> bool:
         """More capacity may come: an allocation is starting, or auto-allocation may request one."""
@@ -1048,12 +1029,8 @@ class Daemon:
         for s in self.sites:
             if room is not None and s.settings.nodes > room:
                 continue
-            w = s.settings.walltime
-            for job in heads:
-                needs = self._needs_lrm(job)
-                d = job.description.duration
-                if (needs is None or needs == s.lrm.kind) and (w is None or d is None or d <= w):
-                    return s
+            if any(s.could_take(job.description.duration, self._needs_lrm(job)) for job in heads):
+                return s
         return None
 
     async def _grow(self, source: Site) -> None:
@@ -1386,10 +1363,9 @@ class Daemon:
         self._sss_fit.clear()
         owner = self.held.get(node_allocation_key(node.name))
         if owner is not None:
-            self._node_alloc[node.name] = owner
+            was_ready = owner.ready
             owner.nodes.add(node.name)
-            if len(owner.nodes) >= owner.allocation.nodes and not owner.ready:
-                owner.ready = True
+            if owner.ready and not was_ready:
                 self._failures = 0  # one started: auto-allocation's count of failures in a row starts again
         self.agents[node.name] = AgentRecord(name=node.name, node=node)
         self.nodes[node.name] = NodeSlots.from_configured(node)
@@ -1469,7 +1445,7 @@ class Daemon:
         log.warning("agent gone", node=agent.name, reason=message) if state == "lost" else log.info(
             "agent stopped", node=agent.name
         )
-        held = self._node_alloc.get(agent.name)
+        held = self.held.get(node_allocation_key(agent.name))
         if state == "lost" and held is not None and self._tg is not None and not self._stopping:
             self._tg.start_soon(held.site.lrm.node_lost, held.allocation, agent.name)
         for job_id, slot in sorted(agent.processes):
@@ -1547,7 +1523,7 @@ class Daemon:
         now = time.time()
         sss_passes: dict[str, SchedulingPass] = {}  # one per allocation and pass: category cursors stay valid
         # Every allocation takes every job (no walltime, one batch system): no per-job filtering.
-        open_ended = all(g.end is None for g in groups)
+        open_ended = all(g.held.allocation.walltime is None for g in groups)
         kinds = {g.held.site.lrm.kind for g in groups}
         for key, _ in self.queue.heads():
             while (job := self.queue.peek(key)) is not None:
@@ -1555,7 +1531,7 @@ class Daemon:
                 needs = self._needs_lrm(job)
                 eligible = groups
                 if not ((open_ended or d.duration is None) and (needs is None or kinds == {needs})):
-                    eligible = [g for g in groups if g.takes(d.duration, needs, now)]
+                    eligible = [g for g in groups if g.held.takes(d.duration, needs, now=now)]
                 if job.sss is not None:
                     placement = None
                     for g in eligible:
@@ -1616,13 +1592,13 @@ class Daemon:
         usable = [h for h in self.held.values() if h.usable]
         if len(usable) == 1 and len(self.held) == 1:
             h = usable[0]
-            return [_Group(h, [n for n in self.nodes.values() if n.usable], self.resources, h.end(earliest=True))]
+            return [_Group(h, [n for n in self.nodes.values() if n.usable], self.resources)]
         out = []
         for h in usable:
             slots = {n: s for n, s in self.nodes.items() if n in h.nodes and s.usable}  # registration order
             if slots:
                 res = Resources(slots, self.resources.ledgers, self.resources.global_ledger)
-                out.append(_Group(h, list(slots.values()), res, h.end(earliest=True)))
+                out.append(_Group(h, list(slots.values()), res))
         return out
 
     @staticmethod

@@ -212,30 +212,8 @@ def test_a_batch_in_flight_when_the_daemon_dies_fails_transient_and_is_never_res
     r = restartable
     ex = r.executor(request_timeout=60)  # the loss, not the timeout, must end the wait
     agents_active(ex, 1)
-    conn = ex._backend.connection
-    daemon = psutil.Process(r.pilot.pid)
-    daemon.suspend()  # reads nothing: the batch below is in flight, unanswered, when the daemon dies
     jobs = [psij.Job(psij.JobSpec(executable="/bin/true")) for _ in range(2500)]
-    errors: list[BaseException] = []
-
-    def submit() -> None:
-        try:
-            ex.submit_all(jobs)
-        except BaseException as exc:  # recorded for the asserts below
-            errors.append(exc)
-
-    t = threading.Thread(target=submit)
-    try:
-        t.start()
-        wait_for(lambda: conn.in_flight() == 3, what="the batch's three requests to be sent")
-        r.kill_daemon()
-    finally:
-        try:
-            daemon.resume()
-        except psutil.NoSuchProcess:
-            pass
-    t.join(30)
-    assert not t.is_alive(), "the in-flight batch hangs"
+    errors = r.die_with_requests_in_flight(ex, lambda: ex.submit_all(jobs), in_flight=3)
     assert len(errors) == 1 and isinstance(errors[0], psij.BatchSubmitException), errors
     failed = errors[0].failed
     assert [job for job, _ in failed] == jobs

@@ -95,6 +95,36 @@ class Restartable:
                     pass
             wait_for(lambda: all(gone(proc) for proc in children), what="the agents and tasks to die")
 
+    def die_with_requests_in_flight(
+        self, ex: psij.JobExecutor, call: Callable[[], object], *, in_flight: int
+    ) -> list[BaseException]:
+        """Run ``call`` (a submit) in a thread while the daemon is stopped, so its ``in_flight`` requests are
+        sent and unanswered; then SIGKILL the daemon. The call must end (not hang); what it raised."""
+        daemon = psutil.Process(self.pilot.pid)
+        daemon.suspend()  # reads nothing: the requests are in flight, unanswered, when the daemon dies
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                call()
+            except BaseException as exc:  # recorded for the caller's asserts
+                errors.append(exc)
+
+        t = threading.Thread(target=run)
+        try:
+            t.start()
+            conn = ex._backend.connection
+            wait_for(lambda: conn.in_flight() == in_flight, what=f"{in_flight} request(s) to be sent")
+            self.kill_daemon()
+        finally:
+            try:
+                daemon.resume()
+            except psutil.NoSuchProcess:
+                pass
+        t.join(30)
+        assert not t.is_alive(), "the in-flight submit hangs"
+        return errors
+
     def up_again(self, *, forget_jobs: bool = False) -> None:
         """``pilot up`` on the same run directory; ``forget_jobs`` removes the journal first, so the new
         daemon starts empty whatever it is able to recover."""
@@ -182,30 +212,8 @@ def test_submit_in_flight_when_the_daemon_dies_is_transient_and_never_resent(res
     r = restartable
     ex = r.executor(request_timeout=60)  # the loss, not the timeout, must end the wait
     agents_active(ex, 1)
-    daemon = psutil.Process(r.pilot.pid)
-    daemon.suspend()  # reads nothing: the submit below is in flight, unanswered, when the daemon dies
-    try:
-        job = psij.Job(sh("true"))
-        errors: list[BaseException] = []
-
-        def submit() -> None:
-            try:
-                ex.submit(job)
-            except BaseException as exc:
-                errors.append(exc)
-
-        t = threading.Thread(target=submit)
-        t.start()
-        conn = ex._backend.connection
-        wait_for(lambda: conn.in_flight() == 1, what="the submit to be sent")
-        r.kill_daemon()
-    finally:
-        try:
-            daemon.resume()
-        except psutil.NoSuchProcess:
-            pass
-    t.join(30)
-    assert not t.is_alive(), "the in-flight submit hangs"
+    job = psij.Job(sh("true"))
+    errors = r.die_with_requests_in_flight(ex, lambda: ex.submit(job), in_flight=1)
     assert len(errors) == 1 and isinstance(errors[0], psij.SubmitException), errors
     assert errors[0].transient
     assert "may or may not have been accepted" in str(errors[0]), errors[0]

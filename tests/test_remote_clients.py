@@ -11,13 +11,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from pilot_waits import agents_active, wait_for
+from pilot_waits import agents_active, list_when_back, wait_for
 
 import client as psij
 from pilot.security import (
@@ -276,15 +275,7 @@ def test_a_remote_client_follows_a_daemon_restarted_after_a_crash(start_pilot: A
         assert pilot.info["client_tcp_url"] == access.endpoint, "the resumed daemon listens where clients expect it"
         status = job.wait(timeout=60)
         assert status is not None and status.state is psij.JobState.COMPLETED, status
-        deadline = time.monotonic() + 20
-        while True:  # the connection may still be coming back
-            try:
-                assert job.native_id in ex.list()
-                break
-            except psij.SubmitException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        assert job.native_id in list_when_back(ex)  # the connection may still be coming back
     finally:
         ex.close()
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from pilot.config import ConfigError
@@ -22,24 +19,12 @@ _REGISTRY: dict[str, type[LrmExecutor]] = {
 
 
 def create(kind: str, *, options: dict[str, Any], source: str, table: str = "allocation") -> LrmExecutor:
-    """The executor for one site; ``table`` is the config table it comes from (``sites.NAME``), so
-    errors name the key where it is written."""
+    """The executor for one site; ``table`` is the config table it comes from (``sites.NAME``), so its
+    errors name the keys where they are written."""
     cls = _REGISTRY.get(kind)
     if cls is None:
         raise ConfigError(f"{source}: {table}.lrm = {kind!r}; known: {', '.join(sorted(_REGISTRY))}")
-    with in_table(table):
-        return cls(options=options, source=source)
+    return cls(options=options, source=source, table=table)
 
 
-@contextmanager
-def in_table(table: str) -> Iterator[None]:
-    """The executors name keys as ``allocation.KEY``; a site's are ``sites.NAME.KEY``."""
-    try:
-        yield
-    except ConfigError as exc:
-        if table == "allocation":
-            raise
-        raise ConfigError(re.sub(r"\ballocation\.(?=[a-z_])", f"{table}.", str(exc))) from None
-
-
-__all__ = ["Allocation", "AllocationRequest", "AllocationState", "LrmExecutor", "create", "in_table"]
+__all__ = ["Allocation", "AllocationRequest", "AllocationState", "LrmExecutor", "create"]

@@ -210,27 +210,28 @@ def parse_options(
     schema: Mapping[str, Option],
     source: str,
     hints: Mapping[str, str] | None = None,
+    table: str = "allocation",
 ) -> dict[str, Any]:
-    """Checked options with defaults filled in. Errors name the key and say what is allowed."""
+    """Checked options with defaults filled in. Errors name the key (in ``table``) and say what is allowed;
+    ``hints`` may name other keys as ``{table}.KEY``."""
     out: dict[str, Any] = {}
     for key, value in options.items():
         if key not in schema:
             hint = (hints or {}).get(key)
             if hint is not None:
-                raise ConfigError(f"{source}: allocation.{key} is not a {kind} key; {hint}")
+                raise ConfigError(f"{source}: {table}.{key} is not a {kind} key; {hint.format(table=table)}")
             raise ConfigError(
-                f"{source}: unknown key allocation.{key} for lrm {kind!r}; allowed: "
+                f"{source}: unknown key {table}.{key} for lrm {kind!r}; allowed: "
                 f"lrm, nodes, walltime, {', '.join(sorted(schema))}"
             )
-        out[key] = _check(key, value, schema[key], source)
+        out[key] = _check(f"{table}.{key}", value, schema[key], source)
     for key, opt in schema.items():
         if key not in out:
             out[key] = list(opt.default or []) if opt.kind == "strlist" else opt.default
     return out
 
 
-def _check(key: str, value: Any, opt: Option, source: str) -> Any:
-    name = f"allocation.{key}"
+def _check(name: str, value: Any, opt: Option, source: str) -> Any:
     bad = f"{source}: {name} = {value!r}"
     if opt.kind == "bool":
         if not isinstance(value, bool):
@@ -354,11 +355,11 @@ class BatchExecutor(LrmExecutor):
     #: The command that releases a job, named in messages.
     cancel_command: ClassVar[str]
 
-    def __init__(self, *, options: dict[str, Any], source: str) -> None:
-        super().__init__(options=options, source=source)
+    def __init__(self, *, options: dict[str, Any], source: str, table: str = "allocation") -> None:
+        super().__init__(options=options, source=source, table=table)
         schema = {**COMMON_OPTIONS, **self.own_options}
         self.opts: dict[str, Any] = parse_options(
-            kind=self.kind, options=options, schema=schema, source=source, hints=self.hints
+            kind=self.kind, options=options, schema=schema, source=source, hints=self.hints, table=table
         )
         self.poll_interval: float = float(self.opts["poll_interval"])
         self._last_query = -math.inf
@@ -410,7 +411,7 @@ class BatchExecutor(LrmExecutor):
         missing = [c for c in self.commands if shutil.which(c) is None]
         if missing:
             raise ConfigError(
-                f"{self.source}: allocation.lrm = {self.kind!r} needs {', '.join(missing)} on PATH, which this "
+                f"{self.source}: {self.table}.lrm = {self.kind!r} needs {', '.join(missing)} on PATH, which this "
                 f"machine does not have; run the pilot on a {self.label} login node or choose another lrm"
             )
 

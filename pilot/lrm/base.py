@@ -88,9 +88,11 @@ class Allocation:
 class LrmExecutor(ABC):
     kind: ClassVar[str]
 
-    def __init__(self, *, options: dict[str, Any], source: str) -> None:
+    def __init__(self, *, options: dict[str, Any], source: str, table: str = "allocation") -> None:
         self.options = options
         self.source = source
+        #: The config table the options come from (``allocation``, ``sites.NAME``): errors name keys there.
+        self.table = table
 
     def validate(self, *, nodes: int) -> None:
         """Raise ConfigError for a request this LRM can never satisfy, before anything is started.

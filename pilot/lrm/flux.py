@@ -76,8 +76,8 @@ class FluxExecutor(BatchExecutor):
         "exclusive": Option("bool", "whole nodes, shared with no other job (flux batch --exclusive)", True),
     }
     hints: ClassVar[dict[str, str]] = {
-        "partition": "Flux calls it allocation.queue",
-        "project": "Flux charges allocation.account (a flux-accounting bank)",
+        "partition": "Flux calls it {table}.queue",
+        "project": "Flux charges {table}.account (a flux-accounting bank)",
         "reservation": "Flux has no reservations to submit into",
         "pe": "parallel environments are Grid Engine's; Flux needs none",
     }

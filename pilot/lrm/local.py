@@ -48,45 +48,43 @@ _OPTIONS = {
 class LocalExecutor(LrmExecutor):
     kind: ClassVar[str] = "local"
 
-    def __init__(self, *, options: dict[str, Any], source: str) -> None:
-        super().__init__(options=options, source=source)
+    def __init__(self, *, options: dict[str, Any], source: str, table: str = "allocation") -> None:
+        super().__init__(options=options, source=source, table=table)
         for key in options:
             if key not in _OPTIONS:
                 raise ConfigError(
-                    f"{source}: unknown key allocation.{key} for lrm 'local'; allowed: "
+                    f"{source}: unknown key {table}.{key} for lrm 'local'; allowed: "
                     f"nodes, walltime, {', '.join(sorted(_OPTIONS))}"
                 )
-        self._cores_per_node = _opt_int(options, "cores_per_node", source)
-        self._gpus_per_node = _opt_int(options, "gpus_per_node", source)
+        self._cores_per_node = _opt_int(options, "cores_per_node", source, table)
+        self._gpus_per_node = _opt_int(options, "gpus_per_node", source, table)
         mem = options.get("memory_per_node")
-        self._memory_per_node = (
-            None if mem is None else parse_size(mem, key="allocation.memory_per_node", source=source)
-        )
+        self._memory_per_node = None if mem is None else parse_size(mem, key=f"{table}.memory_per_node", source=source)
         features = options.get("features", [])
         if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
-            raise ConfigError(f"{source}: allocation.features must be a list of strings")
+            raise ConfigError(f"{source}: {table}.features must be a list of strings")
         self._features: list[str] = features
         python = options.get("agent_python")
         if python is not None and not isinstance(python, str):
-            raise ConfigError(f"{source}: allocation.agent_python must be a path to a Python interpreter")
+            raise ConfigError(f"{source}: {table}.agent_python must be a path to a Python interpreter")
         self._agent_python: str | None = python
         launch = options.get("launch", "spawn")
         if launch not in ("spawn", "null"):
             raise ConfigError(
-                f"{source}: allocation.launch = {launch!r} must be 'spawn' (run the tasks) or 'null' "
+                f"{source}: {table}.launch = {launch!r} must be 'spawn' (run the tasks) or 'null' "
                 "(simulate them: benchmarks only)"
             )
         self._launch: str = launch
         duration = options.get("null_duration", 0.0)
         if isinstance(duration, bool) or not isinstance(duration, int | float) or not 0 <= duration < float("inf"):
-            raise ConfigError(f"{source}: allocation.null_duration = {duration!r} must be a number of seconds >= 0")
+            raise ConfigError(f"{source}: {table}.null_duration = {duration!r} must be a number of seconds >= 0")
         if "null_duration" in options and launch != "null":
-            raise ConfigError(f"{source}: allocation.null_duration needs allocation.launch = 'null'")
+            raise ConfigError(f"{source}: {table}.null_duration needs {table}.launch = 'null'")
         self._null_duration = float(duration)
-        self._nodes_per_agent = _opt_int(options, "nodes_per_agent", source) or 1
+        self._nodes_per_agent = _opt_int(options, "nodes_per_agent", source, table) or 1
         if self._nodes_per_agent > 1 and launch != "null":
             raise ConfigError(
-                f"{source}: allocation.nodes_per_agent = {self._nodes_per_agent} needs allocation.launch = 'null' "
+                f"{source}: {table}.nodes_per_agent = {self._nodes_per_agent} needs {table}.launch = 'null' "
                 "(agents that run real processes need one process per node: each reaps its own children)"
             )
         self._workdirs: dict[str, Path] = {}
@@ -96,7 +94,7 @@ class LocalExecutor(LrmExecutor):
     def validate(self, *, nodes: int) -> None:
         if nodes * (self._cores_per_node or 1) > 10_000_000:
             raise ConfigError(
-                f"{self.source}: allocation.nodes x cores_per_node = {nodes} x {self._cores_per_node} is over "
+                f"{self.source}: {self.table}.nodes x cores_per_node = {nodes} x {self._cores_per_node} is over "
                 "10,000,000 cores: a local allocation builds every slot in memory"
             )
         self.node_layout(nodes)
@@ -107,8 +105,8 @@ class LocalExecutor(LrmExecutor):
         total_mem = psutil.virtual_memory().total
         if self._cores_per_node is None and count > len(cpus):
             raise ConfigError(
-                f"{self.source}: allocation.nodes = {count} but this machine has {len(cpus)} cpus; "
-                "set allocation.cores_per_node to declare (oversubscribed) cores per virtual node"
+                f"{self.source}: {self.table}.nodes = {count} but this machine has {len(cpus)} cpus; "
+                f"set {self.table}.cores_per_node to declare (oversubscribed) cores per virtual node"
             )
         nodes = []
         self.cpu_maps = []
@@ -350,16 +348,14 @@ def _reap(native_id: str, node: str | None = None) -> int:
     return found
 
 
-def _opt_int(options: dict[str, Any], key: str, source: str) -> int | None:
+def _opt_int(options: dict[str, Any], key: str, source: str, table: str) -> int | None:
     value = options.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "gpus_per_node" else 1):
-        raise ConfigError(f"{source}: allocation.{key} = {value!r} must be a positive integer")
+        raise ConfigError(f"{source}: {table}.{key} = {value!r} must be a positive integer")
     if value > _MOST[key]:
-        raise ConfigError(
-            f"{source}: allocation.{key} = {value} is more than a node can have here (at most {_MOST[key]})"
-        )
+        raise ConfigError(f"{source}: {table}.{key} = {value} is more than a node can have here (at most {_MOST[key]})")
     return value
 
 

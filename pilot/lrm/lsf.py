@@ -71,8 +71,8 @@ class LsfExecutor(BatchExecutor):
         ),
     }
     hints: ClassVar[dict[str, str]] = {
-        "partition": "LSF calls it allocation.queue",
-        "account": "LSF charges allocation.project",
+        "partition": "LSF calls it {table}.queue",
+        "account": "LSF charges {table}.project",
         "pe": "parallel environments are Grid Engine's; LSF needs none",
     }
 

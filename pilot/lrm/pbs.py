@@ -79,19 +79,19 @@ class PbsExecutor(BatchExecutor):
         ),
     }
     hints: ClassVar[dict[str, str]] = {
-        "partition": "PBS calls it allocation.queue",
+        "partition": "PBS calls it {table}.queue",
         "pe": "parallel environments are Grid Engine's; PBS needs none",
     }
 
-    def __init__(self, *, options: dict[str, Any], source: str) -> None:
-        super().__init__(options=options, source=source)
+    def __init__(self, *, options: dict[str, Any], source: str, table: str = "allocation") -> None:
+        super().__init__(options=options, source=source, table=table)
         if self.opts["flavor"] == "pbspro" and self.opts["reservation"]:
             raise ConfigError(
-                f"{source}: allocation.reservation is Torque's; on PBS Pro submit to the reservation's queue "
-                "with allocation.queue = 'R<id>'"
+                f"{source}: {table}.reservation is Torque's; on PBS Pro submit to the reservation's queue "
+                f"with {table}.queue = 'R<id>'"
             )
         if self.opts["flavor"] == "torque" and self.opts["project"]:
-            raise ConfigError(f"{source}: allocation.project is PBS Pro's; Torque charges allocation.account")
+            raise ConfigError(f"{source}: {table}.project is PBS Pro's; Torque charges {table}.account")
 
     @property
     def torque(self) -> bool:

@@ -71,14 +71,14 @@ class SgeExecutor(BatchExecutor):
         "exclusive": Option("bool", "ask for whole hosts (-l exclusive=true; the site must define it)", False),
     }
     hints: ClassVar[dict[str, str]] = {
-        "partition": "Grid Engine calls it allocation.queue",
+        "partition": "Grid Engine calls it {table}.queue",
     }
 
-    def __init__(self, *, options: dict[str, Any], source: str) -> None:
-        super().__init__(options=options, source=source)
+    def __init__(self, *, options: dict[str, Any], source: str, table: str = "allocation") -> None:
+        super().__init__(options=options, source=source, table=table)
         if not self.opts["pe"]:
             raise ConfigError(
-                f"{source}: allocation.pe is required for lrm 'sge': the parallel environment the pilot's "
+                f"{source}: {table}.pe is required for lrm 'sge': the parallel environment the pilot's "
                 "slots come from (`qconf -spl` lists them; it needs control_slaves TRUE)"
             )
         self._user = pwd.getpwuid(os.getuid()).pw_name

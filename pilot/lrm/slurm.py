@@ -133,13 +133,13 @@ class SlurmExecutor(BatchExecutor):
         "use_sacct": Option("bool", "ask sacct for jobs squeue no longer lists", True),
     }
     hints: ClassVar[dict[str, str]] = {
-        "queue": "Slurm calls it allocation.partition",
-        "project": "Slurm calls it allocation.account",
+        "queue": "Slurm calls it {table}.partition",
+        "project": "Slurm calls it {table}.account",
         "pe": "parallel environments are Grid Engine's; Slurm needs none",
     }
 
-    def __init__(self, *, options: dict[str, Any], source: str) -> None:
-        super().__init__(options=options, source=source)
+    def __init__(self, *, options: dict[str, Any], source: str, table: str = "allocation") -> None:
+        super().__init__(options=options, source=source, table=table)
         self._sacct_ok = bool(self.opts["use_sacct"])
 
     def directives(self, sub: Submission) -> list[str]:
