@@ -25,8 +25,12 @@ from pathlib import Path
 from typing import Any
 
 
-def raw_spawn_rate(n: int, threads: int = 2) -> float:
-    """Tasks/s for n Popen+wait of /bin/true spread over ``threads`` threads."""
+def raw_spawn_rate(n: int, threads: int = 2, *, cpu: dict[str, float] | None = None) -> float:
+    """Tasks/s for n Popen+wait of /bin/true spread over ``threads`` threads. ``cpu``, if given, gets
+    the CPU µs per spawn of this process (``parent``: Popen, wait) and of the children (``task``:
+    the /bin/true processes' own exec, run and exit)."""
+    import resource
+
     per = [n // threads + (1 if i < n % threads else 0) for i in range(threads)]
 
     def work(k: int) -> None:
@@ -34,12 +38,18 @@ def raw_spawn_rate(n: int, threads: int = 2) -> float:
             subprocess.Popen(["/bin/true"]).wait()
 
     ts = [threading.Thread(target=work, args=(k,)) for k in per]
+    self0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    return n / (time.perf_counter() - t0)
+    rate = n / (time.perf_counter() - t0)
+    self1, kids1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    if cpu is not None:
+        cpu["parent"] = (self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime) / n * 1e6
+        cpu["task"] = (kids1.ru_utime + kids1.ru_stime - kids0.ru_utime - kids0.ru_stime) / n * 1e6
+    return rate
 
 
 APIS = ("submit_all", "submit")
@@ -93,8 +103,9 @@ def pilot_rate(
 
 
 class CpuMeter:
-    """CPU seconds (user + system, children excluded) of this process, the embedded daemon and its
-    agents: where each task's cost goes, a figure much less sensitive to a busy machine than tasks/s."""
+    """CPU seconds (user + system) of this process, the embedded daemon, its agents, and the tasks
+    the agents reaped (their children's times): where each task's cost goes, a figure much less
+    sensitive to a busy machine than tasks/s."""
 
     def __init__(self, home: Path) -> None:
         import psutil
@@ -111,7 +122,15 @@ class CpuMeter:
         def cpu(procs: list[Any]) -> float:
             return sum(sum(p.cpu_times()[:2]) for p in procs)
 
-        return {"client": time.process_time(), "daemon": cpu([self._daemon]), "agent": cpu(self._agents)}
+        def tasks(procs: list[Any]) -> float:
+            return sum(sum(p.cpu_times()[2:4]) for p in procs)
+
+        return {
+            "client": time.process_time(),
+            "daemon": cpu([self._daemon]),
+            "agent": cpu(self._agents),
+            "tasks": tasks(self._agents),
+        }
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
@@ -153,12 +172,17 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             warm.wait(timeout=60)
             meter = CpuMeter(Path(home))
             raw: list[float] = []
+            raw_cpu: dict[str, list[float]] = {}
             pil: dict[str, list[float]] = {api: [] for api in apis}
             cpu: dict[str, dict[str, list[float]]] = {api: {} for api in apis}
             failures = 0
             for i in range(args.repeat):
-                raw.append(raw_spawn_rate(args.tasks))
-                line = f"  run {i + 1}: raw {raw[-1]:6.0f}/s"
+                spent: dict[str, float] = {}
+                raw.append(raw_spawn_rate(args.tasks, cpu=spent))
+                for who, v in spent.items():
+                    raw_cpu.setdefault(who, []).append(v)
+                line = f"  run {i + 1}: raw {raw[-1]:6.0f}/s (cpu us/spawn: parent {spent['parent']:.0f}"
+                line += f" task {spent['task']:.0f})"
                 for api in apis:
                     before = meter.read()
                     rate, failed = pilot_rate(ex, args.tasks, api=api)
@@ -185,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "median_pilot_per_s": med,
         "ratio": {api: p / r for api, p in med.items()},
         "cpu_us_per_task": cpu,
+        "raw_cpu_us_per_spawn": raw_cpu,
         "median_cpu_us_per_task": {api: {w: statistics.median(v) for w, v in c.items()} for api, c in cpu.items()},
         "failures": failures,
     }
@@ -193,10 +218,23 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         label = f"{args.tasks} x /bin/true, {api}() (tasks/s)"
         us = ", ".join(f"{w} {statistics.median(v):.0f}" for w, v in cpu[api].items())
         print(f"{label:<56}{p:>10.0f}{r:>10.0f}{p / r:>8.2f}   cpu us/task: {us}")
+    ncpu = len(os.sched_getaffinity(0))
+    raw_total = sum(statistics.median(v) for v in raw_cpu.values())
     print(
         f"baseline = raw spawn rate, Popen from 2 threads; medians of {args.repeat} alternating runs; "
         f"{failures} failed tasks"
     )
+    print(
+        f"raw spawn: cpu us/spawn parent {statistics.median(raw_cpu['parent']):.0f}, task "
+        f"{statistics.median(raw_cpu['task']):.0f}; {ncpu} cpus kept {r * raw_total / 1e6 / ncpu:.0%} busy"
+    )
+    for api in apis:
+        total = sum(statistics.median(v) for v in cpu[api].values())
+        print(
+            f"{api}(): {total:.0f} cpu us/task in all (the tasks' own share above); {ncpu} cpus kept "
+            f"{med[api] * total / 1e6 / ncpu:.0%} busy; at 100% the same cost per task would give "
+            f"{ncpu / total * 1e6:.0f} tasks/s (ratio {ncpu / total * 1e6 / r:.2f})"
+        )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result

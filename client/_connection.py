@@ -1,8 +1,12 @@
 """One connection per process and daemon: a DEALER socket owned by an I/O thread.
 
-Callers on any thread hand requests to the I/O thread (a queue plus a self-pipe) and wait on their
-reply, at most ``timeout`` seconds (the executor's ``request_timeout``); status batches go to a dispatch
-thread that updates jobs and runs user callbacks, so a slow callback never stalls the socket.
+Callers on any thread send their request themselves when nothing is waiting to go before it and no
+other thread is sending (the socket is used under a lock: a full memory barrier, as ZeroMQ asks of a
+socket used from several threads); otherwise they hand it to the I/O thread (a queue plus a
+self-pipe). Either way they wait on their reply, at most ``timeout`` seconds (the executor's
+``request_timeout``). Only the I/O thread reads: replies, and status batches that go to a dispatch
+thread that updates jobs and runs user callbacks, so a slow callback never stalls the socket. A lone
+request therefore costs no thread hand-off on its way out.
 
 Group submit: SUBMIT requests that wait in the outbox together (from ``submit_all``'s pipelined
 requests, or from several threads calling ``submit()`` while the previous frame is in flight) leave in
@@ -122,6 +126,7 @@ class _Link:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         self.sock.setsockopt(zmq.RECONNECT_IVL, -1)  # never reconnect this socket: frames queued on it die with it
+        self.fd: int = self.sock.getsockopt(zmq.FD)  # type: ignore[assignment]  # polled instead of the socket
         try:
             self.mon = self.sock.get_monitor_socket(zmq.EVENT_ALL)
         except zmq.ZMQError:
@@ -193,6 +198,13 @@ class Connection:
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._rids = itertools.count(1)
         self._lock = threading.Lock()
+        #: Held for every use of the socket (send, receive, events, close). Taken before ``_lock`` when
+        #: both are held. The I/O thread polls the socket's FD, not the socket, so it never uses the
+        #: socket without it.
+        self._sock_lock = threading.Lock()
+        #: The connection a caller may send on directly: up, and its re-attach sent (I/O thread sets it,
+        #: under ``_sock_lock``).
+        self._live: _Link | None = None
         self._outbox: deque[int] = deque()  # rids not sent yet, in order
         self._pending: dict[int, _Pending] = {}
         #: Submits sent together in one frame: the frame's rid -> its members, in order (I/O thread only).
@@ -262,8 +274,40 @@ class Connection:
             if self._closed:
                 raise SubmitException("the connection to the pilot is closed", transient=True)
             self._pending[rid] = pending
-            self._outbox.append(rid)
+            direct = not self._outbox and self._live is not None
+            if not direct:
+                self._outbox.append(rid)
+        if direct:
+            if self._send_now(rid, pending):
+                return
+            with self._lock:
+                if self._pending.get(rid) is pending:
+                    self._outbox.append(rid)
         self._wake()
+
+    def _send_now(self, rid: int, pending: _Pending) -> bool:
+        """Send a request on the caller's thread, when no other thread uses the socket; False when it
+        must go through the outbox instead (socket busy, not up, or full)."""
+        if not self._sock_lock.acquire(blocking=False):
+            return False  # another thread is sending or reading: it goes with the I/O thread's next send
+        try:
+            link = self._live
+            if link is None:
+                return False
+            frame = pending.frame if pending.jobs is None else self._frame([(rid, pending)])
+            pending.sent = True  # before the send: a caller timing out meanwhile must not say "not sent"
+            try:
+                link.sock.send(frame, zmq.NOBLOCK)
+            except zmq.ZMQError:  # full (the daemon is slow to read) or closing: the I/O thread deals with it
+                pending.sent = False
+                return False
+            if pending.jobs is not None:
+                self.submit_frames += 1
+            if _events(link) & zmq.POLLIN:
+                self._wake()  # the send may have taken the FD's signal of a frame that came meanwhile
+            return True
+        finally:
+            self._sock_lock.release()
 
     def wait(self, ticket: Ticket, *, timeout: float, since: float | None = None) -> dict[str, Any]:
         """The reply to a queued request, waiting until ``timeout`` seconds after ``since`` (a monotonic
@@ -364,6 +408,7 @@ class Connection:
         poller = zmq.Poller()
         poller.register(self._rfd, zmq.POLLIN)
         link: _Link | None = None
+        blocked = False  # the socket refused a send (high-water mark): send again when it can take more
         retry_at = 0.0
         backoff = _RETRY_MIN
         check_at = 0.0
@@ -382,7 +427,7 @@ class Connection:
                             log.warning("cannot open a socket to the pilot", url=self.url, error=str(exc))
                             backoff = min(backoff * 2, _RETRY_MAX)
                         else:
-                            poller.register(link.sock, zmq.POLLIN)
+                            poller.register(link.fd, zmq.POLLIN)
                             poller.register(link.mon, zmq.POLLIN)
                 if link is None:
                     wait = retry_at - now
@@ -390,14 +435,15 @@ class Connection:
                     wait = link.deadline - now
                 else:
                     wait = _LIVENESS_INTERVAL if self._pending else 1.0
+                if link is not None and self._due(link, blocked=blocked):
+                    wait = 0  # ZeroMQ's FD signals changes only: what is already there must be seen now
                 ready = dict(poller.poll(max(0, int(wait * 1000))))
                 if self._rfd in ready:
                     os.read(self._rfd, 65536)
                 if link is None:
                     continue
-                if ready.get(link.sock, 0) & zmq.POLLIN:
-                    self._receive(link.sock)
-                came_up, down = self._link_events(link)
+                self._receive(link)
+                came_up, down = self._link_events(link) if link.mon in ready else (False, False)
                 now = time.monotonic()
                 if not down and not link.up and now >= link.deadline:
                     down = True
@@ -405,12 +451,15 @@ class Connection:
                     check_at = now + _LIVENESS_INTERVAL
                     down = self._daemon_gone()  # belt and braces: the monitor normally says so first
                 if down:
-                    self._receive(link.sock)  # what the daemon sent before it went
+                    self._receive(link)  # what the daemon sent before it went
                     was_up = link.up
-                    poller.unregister(link.sock)
+                    poller.unregister(link.fd)
                     poller.unregister(link.mon)
-                    link.close()
+                    with self._sock_lock:
+                        self._live = None
+                        link.close()
                     link = None
+                    blocked = False
                     if was_up:
                         log.warning("lost the pilot", url=self.url)
                         backoff = _RETRY_MIN
@@ -427,11 +476,12 @@ class Connection:
                         log.info("reconnected to the pilot", url=self.url)
                     self._queue_reattach()
                 if link.up:
-                    blocked = not self._send(link.sock)
-                    poller.modify(link.sock, zmq.POLLIN | (zmq.POLLOUT if blocked else 0))
+                    blocked = not self._send(link)
         finally:
             if link is not None:
-                link.close()
+                with self._sock_lock:
+                    self._live = None
+                    link.close()
             self._fail(lambda p: "the connection to the pilot is closed", sent_only=False)
 
     def _link_events(self, link: _Link) -> tuple[bool, bool]:
@@ -452,9 +502,24 @@ class Connection:
                     self._refused = reason  # a precise reason is not replaced by "closed during the handshake"
         return came_up, down
 
-    def _send(self, sock: zmq.Socket[bytes]) -> bool:
+    def _due(self, link: _Link, *, blocked: bool) -> bool:
+        """Whether the socket has a frame to read (or, ``blocked``, room to send) right now."""
+        with self._sock_lock:
+            events = _events(link)
+        return bool(events & zmq.POLLIN or (blocked and events & zmq.POLLOUT))
+
+    def _send(self, link: _Link) -> bool:
         """Hand the outbox to the socket, in order; False when it cannot take more now. Consecutive
-        submits go in one frame (group submit): callers on several threads share one round trip."""
+        submits go in one frame (group submit): callers on several threads share one round trip. Once
+        the outbox is empty (the re-attach of a new connection sent first), callers may send directly."""
+        with self._sock_lock:
+            sent = self._send_outbox(link.sock)
+            if sent and link.up:
+                with self._lock:
+                    self._live = link if not self._outbox else None
+            return sent
+
+    def _send_outbox(self, sock: zmq.Socket[bytes]) -> bool:
         units: list[list[tuple[int, _Pending]]] = []  # one per frame
         with self._lock:
             jobs = 0
@@ -579,13 +644,16 @@ class Connection:
         if out:
             self._statuses.put(out)
 
-    def _receive(self, sock: zmq.Socket[bytes]) -> None:
+    def _receive(self, link: _Link) -> None:
+        frames: list[bytes] = []
+        with self._sock_lock:
+            while True:
+                try:
+                    frames.append(link.sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
         statuses: list[tuple[list[Any], list[StatusSink]]] = []
-        while True:
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        for frame in frames:
             try:
                 msg = wire.decode(frame, allowed=wire.TO_CLIENT_KINDS)
             except wire.ProtocolError as exc:
@@ -645,6 +713,13 @@ class Connection:
                         sink(status)
                     except Exception:
                         log.exception("status callback failed", job=status[0])
+
+
+def _events(link: _Link) -> int:
+    """The socket's ZMQ_EVENTS (the socket lock held); also clears its FD's signal."""
+    events = link.sock.getsockopt(zmq.EVENTS)
+    assert isinstance(events, int)
+    return events
 
 
 def _split(group: list[tuple[int, _Pending]], body: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:

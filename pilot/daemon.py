@@ -2010,8 +2010,7 @@ class Daemon:
         orders, self._orders = self._orders, defaultdict(list)
         kills, self._kills = self._kills, defaultdict(lambda: defaultdict(list))
         events, self._events = self._events, defaultdict(dict)
-        for ident, body in replies:
-            _send(self._clients, [ident, wire.encode(wire.Kind.REPLY, body)])
+        # Agents first: their work starts while the clients' replies are encoded and sent.
         for frames in direct:
             _send(self._agents_sock, frames)
         for node, batch in kills.items():
@@ -2024,6 +2023,8 @@ class Daemon:
                 self._agents_sock,
                 [ident_of(node), wire.encode(wire.Kind.LAUNCH, {"orders": batch_orders})],
             )
+        for ident, body in replies:
+            _send(self._clients, [ident, wire.encode(wire.Kind.REPLY, body)])
         held_since = self._merge_held(events) if self._held_events else {}
         for ident, evs in events.items():
             sent = _send(self._clients, [ident, wire.encode(wire.Kind.EVENTS, {"events": list(evs.values())})])

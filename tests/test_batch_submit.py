@@ -151,17 +151,9 @@ def test_concurrent_submits_share_one_frame_and_keep_their_own_results(
     tmp_path = outputs(tmp_path)
     agents_active(ex, 1)
     conn = ex._backend.connection
-    # Hold the connection's I/O thread in a reply hook, so that the submits below all queue up behind
-    # it; released, they leave together.
-    hold, holding = threading.Event(), threading.Event()
-
-    def hook(_: dict[str, object]) -> None:
-        holding.set()
-        hold.wait(30)
-
-    lister = threading.Thread(target=lambda: conn.request(wire.Kind.LIST, {}, timeout=30, on_reply=hook))
-    lister.start()
-    assert holding.wait(20)
+    # Hold the connection's socket, as a thread in the middle of a send or a read would: the submits
+    # below cannot be sent on their callers' threads and all queue up; released, they leave together.
+    conn._sock_lock.acquire()
     rec = Recorder()
     ex.set_job_status_callback(rec)
     threads, n = 12, 3
@@ -184,10 +176,9 @@ def test_concurrent_submits_share_one_frame_and_keep_their_own_results(
     # Each thread's first submit is queued (the I/O thread is held); none has returned yet.
     wait_for(lambda: len(conn._outbox) == threads, what="every thread's submit to be queued")
     assert all(not r for r in results.values())
-    hold.set()
+    conn._sock_lock.release()
     for w in workers:
         w.join(60)
-    lister.join(30)
     assert not any(w.is_alive() for w in workers)
     # The first submit of all threads went in one frame; the rest followed in as few as came together.
     assert conn.submit_frames - before <= 1 + (n - 1) * threads

@@ -15,6 +15,10 @@ class JobState(Enum):
     FAILED = "FAILED"
     CANCELED = "CANCELED"
 
+    #: Members are singletons: identity hashing is exact, and far cheaper than Enum's hash of the name
+    #: (states key the daemon's counters and are hashed several times per task on the hot path).
+    __hash__ = object.__hash__
+
     @property
     def order(self) -> int:
         return _ORDER[self]
