@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import math
 import os
 import resource
 import signal
@@ -97,6 +98,11 @@ class ProcessEngine:
         self._events: list[Event] = []
         self._held_since: float | None = None  # monotonic start of the oldest held ``started`` event
         self._report_since: float | None = None  # monotonic time of the oldest undrained exit or failure
+        #: The latest the loop comes back (what next_deadline last told it), and whether a spawner owes
+        #: it a wake-up for an undrained exit: see _report.
+        self._loop_due = math.inf
+        self._wake_owed = False
+        self._handoffs = 0  # orders put on a spawner's queue and not taken yet
         self._stopping = False
         self._pending_orders = 0
         #: Orders accepted and not yet started or failed: a key leaves this set only in the same locked
@@ -136,6 +142,7 @@ class ProcessEngine:
         for c in order.cores:
             self._core_users[c] += 1
         self._pending_orders += 1
+        self._handoffs += 1
         self._pending_keys[(order.job_id, order.slot)] += 1
         cpus = {self._cpu_map.get(c, c) for c in order.cores}
         if len(cpus) == 1 and not self._stopping:
@@ -154,31 +161,38 @@ class ProcessEngine:
         self._orders.put(order)
 
     def _release(self, order: ProcessOrder) -> None:
-        """The order's process is gone (or never started): free its cores, start who waited on them."""
+        """The order never started: free its cores, start who waited on them."""
         with self._lock:
-            for c in order.cores:
-                self._core_users[c] -= 1
-            if not self._waiting:
-                return
-            still = []
-            for w in self._waiting:
-                if any(self._core_users[c] for c in w.cores):
-                    still.append(w)
-                else:
-                    self._accept(w)
             # The loop's next_deadline must see them pending (their starts do not wake it), unless an
             # undrained exit already makes it come back within _EXIT_HOLD.
-            wake = len(still) < len(self._waiting) and self._report_since is None
-            self._waiting = still
+            wake = self._free(order) and self._report_since is None
         if wake:
             self._notify()
+
+    def _free(self, order: ProcessOrder) -> bool:
+        """Free the order's cores and hand the orders that waited on them to their spawners (the lock
+        held); True if any."""
+        for c in order.cores:
+            self._core_users[c] -= 1
+        if not self._waiting:
+            return False
+        still = []
+        for w in self._waiting:
+            if any(self._core_users[c] for c in w.cores):
+                still.append(w)
+            else:
+                self._accept(w)
+        started = len(still) < len(self._waiting)
+        self._waiting = still
+        return started
 
     def poll(self, mono: float) -> None:
         """Nothing to do at a given time: the spawner and reaper threads report by themselves."""
 
     def next_deadline(self) -> float | None:
         """When held events are due (see :meth:`drain`); while orders are being spawned, one start hold
-        from now, since their ``started`` events come without a wake-up."""
+        from now, since their ``started`` events come without a wake-up. The loop calls this right
+        before it waits: what it returns bounds the loop's next turn (``_report`` relies on it)."""
         with self._lock:
             when = None if self._report_since is None else self._report_since + _EXIT_HOLD
             if self._held_since is not None:
@@ -186,8 +200,11 @@ class ProcessEngine:
             elif self._pending_orders:
                 start = time.monotonic() + _START_HOLD
             else:
-                return when
-            return start if when is None else min(when, start)
+                start = None
+            if start is not None:
+                when = start if when is None else min(when, start)
+            self._loop_due = math.inf if when is None else when
+            return when
 
     def drain(self) -> list[Event]:
         """Events to send. A ``started`` event is held up to ``_START_HOLD`` seconds while its process
@@ -203,6 +220,7 @@ class ProcessEngine:
                 return []
             events, self._events = self._events, []
             self._held_since = self._report_since = None
+            self._wake_owed = False
             if not any(e.kind == "started" for e in events):
                 return events
             out: list[Event] = []
@@ -275,6 +293,7 @@ class ProcessEngine:
         with self._lock:
             events, self._events = self._events, []
             self._held_since = self._report_since = None
+            self._wake_owed = False
             return self._running_locked(), events
 
     def busy(self) -> bool:
@@ -347,7 +366,11 @@ class ProcessEngine:
         """Start one order from a spawner thread; True when a process now runs for it."""
         key = (order.job_id, order.slot)
         with self._lock:
+            self._handoffs -= 1
             cancelled = self._cancelled.pop(key, None)
+            wake, self._wake_owed = self._wake_owed, False
+        if wake:  # the hand-off that mattered is done (see _report)
+            self._notify()
         if cancelled is not None:
             self._emit(Event(order.job_id, order.slot, "exited", time.time(), {"reason": cancelled, "spawned": False}))
             return False
@@ -437,8 +460,9 @@ class ProcessEngine:
     def _posix_spawn(
         self, spawner: _Spawner, argv: list[str], cwd: str, env: dict[str, str], streams: tuple[int, int, int]
     ) -> int:
-        """What ``Popen`` does for a task, for less than half its CPU: ``posix_spawn`` (vfork and exec,
-        the GIL released) in the task's directory (this thread's own cwd), new session, SIGPIPE and
+        """What ``Popen`` does for a task, for less than half its CPU: ``posix_spawn`` (vfork and exec;
+        ``os.posix_spawn`` holds the GIL until the child has exec'd, which measured better than
+        releasing it: fewer GIL hand-offs) in the task's directory (this thread's own cwd), new session, SIGPIPE and
         SIGXFSZ back to default, only fds 0-2 inherited (every other fd is close-on-exec: _seal_fds),
         the executable found in the task's own PATH."""
         if spawner.cwd != cwd:
@@ -519,6 +543,9 @@ class ProcessEngine:
             if run is None:
                 self._early[pid] = (status, rusage, mono)
                 return
+            # The process is gone: its cores first, so that the order waiting on them reaches its
+            # spawner before anything else (the task's exit event, the loop's wake-up) takes the GIL.
+            self._free(run.order)
             key = (run.order.job_id, run.order.slot)
         code = os.waitstatus_to_exitcode(status)
         if run.popen is not None:
@@ -542,10 +569,9 @@ class ProcessEngine:
         with self._lock:
             if self._by_key.get(key) is run:
                 del self._by_key[key]  # in the same step as its exit event: see snapshot()
-            first = self._report(event)
-        if first:
+            wake = self._report(event)
+        if wake:
             self._notify()
-        self._release(run.order)
 
     def _emit(self, event: Event) -> None:
         with self._lock:
@@ -554,13 +580,24 @@ class ProcessEngine:
             self._notify()
 
     def _report(self, event: Event) -> bool:
-        """Queue an exit or failure (the lock held). True for the first one not drained yet: only that
-        one needs to wake the loop, which then drains or holds them all (next_deadline)."""
+        """Queue an exit or failure (the lock held). True if the loop must be woken: only for the first
+        one not drained yet (the loop then drains or holds them all, next_deadline), and not when
+        :meth:`drain` would hold it anyway and the loop comes back by the end of that hold by itself
+        (``_loop_due``) or is woken by the spawner that takes a handed-off order (``_wake_owed``): a
+        wake-up now would only make the loop compete for the GIL with the thread that hands that
+        order over and the spawner that starts it."""
         self._events.append(event)
-        if self._report_since is None:
-            self._report_since = time.monotonic()
+        if self._report_since is not None:
+            return False
+        now = self._report_since = time.monotonic()
+        if not (self._waiting or self._pending_orders):
             return True
-        return False
+        if self._loop_due <= now + _EXIT_HOLD:
+            return False
+        if self._handoffs:
+            self._wake_owed = True
+            return False
+        return True
 
 
 _START_HOLD: Final = 0.005  # seconds a running task's ``started`` event may wait for its exit (drain)

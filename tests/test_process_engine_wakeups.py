@@ -1,0 +1,94 @@
+"""The process engine's contract with the agent loop, driven directly: the loop sleeps until
+``next_deadline`` or a poke, and every exit still reaches it, also when the engine holds exits back
+and skips the poke because orders wait behind the exiting task (real processes, no pilot)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.processes import Event, ProcessEngine
+from pilot.model.node import NodeConfigured
+from pilot.model.process_order import ProcessOrder
+
+
+class _Loop:
+    """What agent.Agent._loop does with the engine: drain, then wait for a poke or the deadline (no
+    deadline: a poke only)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.poked = threading.Event()
+        self.pokes = 0
+        cpu = min(os.sched_getaffinity(0))
+        node = NodeConfigured("n0", "localhost", [cpu], 1 << 30)
+        self.engine = ProcessEngine(node=node, workdir=tmp_path, notify=self._poke)
+        self.cpu = cpu
+
+    def _poke(self) -> None:
+        self.pokes += 1
+        self.poked.set()
+
+    def run_until(self, keys: set[tuple[str, int]], limit: float) -> list[Event]:
+        """Events until every key exited; fails if the loop would sleep forever or past ``limit``."""
+        got: list[Event] = []
+        end = time.monotonic() + limit
+        while True:
+            got += self.engine.drain()
+            if keys <= {(e.job_id, e.slot) for e in got if e.kind in ("exited", "failed")}:
+                return got
+            deadline = self.engine.next_deadline()
+            timeout = end - time.monotonic() if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self.poked.wait(timeout) and deadline is None:
+                pytest.fail(f"the loop would sleep forever: exits of {keys} never reported; got {got}")
+            self.poked.clear()
+            assert time.monotonic() < end, f"not all exits within {limit} s: {got}"
+
+
+def _order(job: str, cpu: int, args: list[str], *, after: bool) -> ProcessOrder:
+    return ProcessOrder(
+        job_id=job,
+        slot=0,
+        role="rank",
+        executable="/bin/sh",
+        arguments=["-c", *args],
+        cores=[cpu],
+        after_cores=after,
+    )
+
+
+@pytest.mark.timeout(60)
+def test_exits_held_behind_waiting_orders_still_reach_a_sleeping_loop(tmp_path: Path) -> None:
+    loop = _Loop(tmp_path)
+    loop.engine.start()
+    try:
+        # Each exit frees the core for the order waiting behind it: the hold applies, and the exit's
+        # poke is left to the spawner that takes the next order, or to the loop's own deadline.
+        orders = [_order(f"j{i}", loop.cpu, ["sleep 0.05"], after=i > 0) for i in range(4)]
+        loop.engine.submit(orders)
+        got = loop.run_until({(o.job_id, 0) for o in orders}, limit=30)
+        exits = [e for e in got if e.kind == "exited"]
+        assert [e.job_id for e in exits] == [o.job_id for o in orders], got
+        assert all(e.data["exit_code"] == 0 for e in exits), exits
+        assert not loop.engine.busy()
+        # Nothing left over: a later drain has no stray events.
+        assert loop.engine.drain() == []
+    finally:
+        loop.engine.stop()
+
+
+@pytest.mark.timeout(60)
+def test_an_exit_with_nothing_waiting_wakes_the_loop_at_once(tmp_path: Path) -> None:
+    loop = _Loop(tmp_path)
+    loop.engine.start()
+    try:
+        loop.engine.submit([_order("solo", loop.cpu, ["exit 3"], after=False)])
+        got = loop.run_until({("solo", 0)}, limit=30)
+        (exited,) = [e for e in got if e.kind == "exited"]
+        assert exited.data["exit_code"] == 3
+        assert loop.pokes >= 1  # no deadline was pending once it ran: only a poke could deliver it
+    finally:
+        loop.engine.stop()
