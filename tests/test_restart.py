@@ -46,9 +46,17 @@ def _agents(p: Pilot) -> list[psutil.Process]:
             continue
         if cmd[-2:] == ["-m", "agent"] and str(p.rundir.path) in env.get("PILOT_AGENT_DIR", ""):
             out.append(proc)
-    # An agent's child between fork and exec (a task being spawned) still looks like the agent.
+    # An agent's child between fork and exec (a task being spawned) still looks like the agent; one
+    # that has exec'd or exited since it was listed is not an agent either.
     pids = {a.pid for a in out}
-    return [a for a in out if a.ppid() not in pids]
+    agents = []
+    for a in out:
+        try:
+            if a.ppid() not in pids:
+                agents.append(a)
+        except psutil.NoSuchProcess:
+            continue
+    return agents
 
 
 def _down_and_check_agents_gone(p: Pilot, agents: list[psutil.Process]) -> None:
