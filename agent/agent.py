@@ -158,14 +158,12 @@ class Agent:
                 self._engine.submit(orders)
         elif msg.kind == wire.Kind.KILL:
             reason = wire.field(msg.body, "reason", str)
-            for raw in wire.field(msg.body, "keys", list):
-                if not (
-                    isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], str) and isinstance(raw[1], int)
-                ):
-                    raise wire.ProtocolError("kill keys must be [job_id, slot] pairs")
-                key = (raw[0], raw[1])
+            for key in _keys(msg.body):
                 if self._engine.kill(key, reason=reason):
                     self._add_timer(time.monotonic() + self._kill_grace, key, "kill")
+        elif msg.kind == wire.Kind.WITHDRAW:
+            for key in _keys(msg.body):
+                self._engine.withdraw(key)
         elif msg.kind == wire.Kind.REGISTERED:
             self._registered = True
             self._acked(msg.body)
@@ -325,3 +323,13 @@ class Agent:
         while True:
             await anyio.sleep(1.0)
             await anyio.to_thread.run_sync(self._engine.sample)
+
+
+def _keys(body: dict[str, Any]) -> list[Key]:
+    """The ``keys`` of a KILL or WITHDRAW: [job_id, slot] pairs."""
+    keys = []
+    for raw in wire.field(body, "keys", list):
+        if not (isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], str) and type(raw[1]) is int):
+            raise wire.ProtocolError("keys must be [job_id, slot] pairs")
+        keys.append((raw[0], raw[1]))
+    return keys

@@ -98,6 +98,8 @@ class ProcessEngine:
         self._events: list[Event] = []
         self._held_since: float | None = None  # monotonic start of the oldest held ``started`` event
         self._report_since: float | None = None  # monotonic time of the oldest undrained exit or failure
+        self._urgent = False  # an undrained event that is not held (see _report)
+        self._hold = _EXIT_HOLD  # how long the undrained exits may wait (see _report)
         #: The latest the loop comes back (what next_deadline last told it), and whether a spawner owes
         #: it a wake-up for an undrained exit: see _report.
         self._loop_due = math.inf
@@ -194,7 +196,12 @@ class ProcessEngine:
         from now, since their ``started`` events come without a wake-up. The loop calls this right
         before it waits: what it returns bounds the loop's next turn (``_report`` relies on it)."""
         with self._lock:
-            when = None if self._report_since is None else self._report_since + _EXIT_HOLD
+            when = None if self._report_since is None else self._report_since + self._hold
+            if when is not None and not self._urgent and (self._waiting or self._pending_orders):
+                # drain() gives nothing before the exit hold ends, held starts included: an earlier
+                # turn would find nothing, and the next one the same, a busy loop until then.
+                self._loop_due = when
+                return when
             if self._held_since is not None:
                 start = self._held_since + _START_HOLD
             elif self._pending_orders:
@@ -216,11 +223,16 @@ class ProcessEngine:
         now = time.monotonic()
         with self._lock:
             since = self._report_since
-            if since is not None and now - since < _EXIT_HOLD and (self._waiting or self._pending_orders):
+            if (
+                since is not None
+                and not self._urgent
+                and now - since < self._hold
+                and (self._waiting or self._pending_orders)
+            ):
                 return []
             events, self._events = self._events, []
             self._held_since = self._report_since = None
-            self._wake_owed = False
+            self._wake_owed = self._urgent = False
             if not any(e.kind == "started" for e in events):
                 return events
             out: list[Event] = []
@@ -263,6 +275,20 @@ class ProcessEngine:
             pass
         return True
 
+    def withdraw(self, key: Key) -> bool:
+        """Drop an order still waiting here for its cores (the daemon places it elsewhere) and report
+        it ``withdrawn``; False when it is not waiting any more (started, being started, or unknown):
+        then it runs here as ordered, and its events say so."""
+        with self._lock:
+            waiting = next((w for w in self._waiting if (w.job_id, w.slot) == key), None)
+            if waiting is None:
+                return False
+            self._waiting.remove(waiting)
+            wake = self._report(Event(key[0], key[1], "withdrawn", time.time()))
+        if wake:
+            self._notify()
+        return True
+
     def deadline(self, key: Key) -> float | None:
         """Monotonic time at which ``key`` exceeds its walltime, if it runs and has one."""
         with self._lock:
@@ -293,7 +319,7 @@ class ProcessEngine:
         with self._lock:
             events, self._events = self._events, []
             self._held_since = self._report_since = None
-            self._wake_owed = False
+            self._wake_owed = self._urgent = False
             return self._running_locked(), events
 
     def busy(self) -> bool:
@@ -353,14 +379,18 @@ class ProcessEngine:
                 log.exception("spawn crashed", job=order.job_id, slot=order.slot)
                 self._emit(Event(order.job_id, order.slot, "failed", time.time(), {"message": f"agent error: {exc}"}))
             finally:
-                with self._lock:
-                    self._pending_orders -= 1
-                    key = (order.job_id, order.slot)
-                    self._pending_keys[key] -= 1
-                    if self._pending_keys[key] <= 0:
-                        del self._pending_keys[key]
                 if not spawned:
+                    with self._lock:
+                        self._unpend(order)
                     self._release(order)
+
+    def _unpend(self, order: ProcessOrder) -> None:
+        """The order is no longer being started (the lock held): it runs, or it never will."""
+        self._pending_orders -= 1
+        key = (order.job_id, order.slot)
+        self._pending_keys[key] -= 1
+        if self._pending_keys[key] <= 0:
+            del self._pending_keys[key]
 
     def _spawn(self, order: ProcessOrder, spawner: _Spawner) -> bool:
         """Start one order from a spawner thread; True when a process now runs for it."""
@@ -452,9 +482,15 @@ class ProcessEngine:
             self._by_key[key] = run
             early = self._early.pop(pid, None)
             self._events.append(Event(order.job_id, order.slot, "started", t0, {"pid": pid}))  # no wake-up: see drain
+            # Not pending from here on, in the same step: an exit reaped right away (a short task's)
+            # must not see its own order still being started, and be held for it (_report).
+            self._unpend(order)
             self._cv.notify()
         if early is not None:
-            self._finish(pid, *early)
+            try:
+                self._finish(pid, *early)
+            except Exception:  # it started: the spawner must not count it as never started
+                log.exception("reaping an early exit failed", job=order.job_id, slot=order.slot)
         return True
 
     def _posix_spawn(
@@ -585,14 +621,27 @@ class ProcessEngine:
         :meth:`drain` would hold it anyway and the loop comes back by the end of that hold by itself
         (``_loop_due``) or is woken by the spawner that takes a handed-off order (``_wake_owed``): a
         wake-up now would only make the loop compete for the GIL with the thread that hands that
-        order over and the spawner that starts it."""
+        order over and the spawner that starts it. Exits of short tasks wait ``_EXIT_HOLD``, where
+        batching pays most (many per second); while one of a task that ran ``_HOLD_UNDER`` or longer is
+        among them, ``_EXIT_HOLD_LONG``. A failure or a withdrawal is reported at once, with whatever
+        was held."""
         self._events.append(event)
+        wall = event.data.get("wall_duration")
+        if event.kind != "exited" or not isinstance(wall, float):
+            wake = not self._urgent
+            self._urgent = True
+            if self._report_since is None:
+                self._report_since = time.monotonic()
+            return wake
+        hold = _EXIT_HOLD if wall < _HOLD_UNDER else _EXIT_HOLD_LONG
         if self._report_since is not None:
+            self._hold = min(self._hold, hold)  # the loop's deadline stays as it was: at most later
             return False
         now = self._report_since = time.monotonic()
-        if not (self._waiting or self._pending_orders):
+        self._hold = hold
+        if self._urgent or not (self._waiting or self._pending_orders):
             return True
-        if self._loop_due <= now + _EXIT_HOLD:
+        if self._loop_due <= now + hold:
             return False
         if self._handoffs:
             self._wake_owed = True
@@ -601,7 +650,10 @@ class ProcessEngine:
 
 
 _START_HOLD: Final = 0.005  # seconds a running task's ``started`` event may wait for its exit (drain)
-_EXIT_HOLD: Final = 0.002  # seconds exits may wait to go together while the agent has orders queued (drain)
+#: Seconds the exits of short tasks may wait to go together while the agent has orders queued (drain).
+_EXIT_HOLD: Final = 0.005
+_EXIT_HOLD_LONG: Final = 0.002  # the same for exits of tasks that ran _HOLD_UNDER or longer (few per second)
+_HOLD_UNDER: Final = 0.02
 _SEAL_INTERVAL: Final = 1.0  # seconds between checks that no stray fd would leak into tasks
 _DEFAULT_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ)  # ignored by Python, default for tasks (as Popen)
 _CLONE_FS: Final = 0x00000200

@@ -100,6 +100,14 @@ class NullEngine:
         self._events.append(Event(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False}))
         return True
 
+    def withdraw(self, key: Key) -> bool:
+        waiting = next((w for w in self._waiting if (w.job_id, w.slot) == key), None)
+        if waiting is None:
+            return False
+        self._waiting.remove(waiting)
+        self._events.append(Event(key[0], key[1], "withdrawn", time.time()))
+        return True
+
     def deadline(self, key: Key) -> float | None:
         run = self._running.get(key)
         if run is None or run.order.walltime is None:

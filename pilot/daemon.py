@@ -71,6 +71,9 @@ log = structlog.get_logger("pilot.daemon")
 _DRAIN = 2048  # frames handled per burst before a flush
 _PARK_SECONDS = 5.0  # a held submit is refused after this long: well within a client's request timeout
 _PARK_BYTES = 256 << 20  # held submit frames, in total
+#: A job waiting at an agent behind a busy core this long, while a core it could use is free, is taken
+#: back (WITHDRAW) and placed again: no head-of-line blocking behind a task that turned out long.
+_RECLAIM_AFTER = 0.05
 _HOLD_SECONDS = 300.0  # statuses held for a client that does not read are dropped after this long
 _SUBMIT_HEAD = wire.encode(wire.Kind.SUBMIT, {})[:-1]  # msgpack of [version, "submit", ...] up to the body
 
@@ -137,7 +140,10 @@ class Daemon:
         self.counts: Counter[JobState] = Counter()
         self.started = time.time()
         self._seq = 0
-        self._waiting: set[str] = set()  # jobs dispatched behind busy cores, not started yet
+        #: Jobs dispatched behind busy cores, not started yet: id -> since when (monotonic).
+        self._waiting: dict[str, float] = {}
+        self._withdrawing: set[str] = set()  # of those, the ones asked back from their agent (WITHDRAW)
+        self._withdraws: dict[str, list[list[Any]]] = defaultdict(list)  # node -> keys to withdraw
         self._replies: list[tuple[bytes, dict[str, Any]]] = []
         self._orders: dict[str, list[dict[str, Any]]] = defaultdict(list)  # wire forms, per node
         self._kills: dict[str, dict[str, list[list[Any]]]] = defaultdict(lambda: defaultdict(list))
@@ -373,7 +379,7 @@ class Daemon:
             if not job.processes and job.phase != "done":
                 self._finish(job)
             if job.processes and job.phase == "ranks" and any(p.order.after_cores for p in job.processes.values()):
-                self._waiting.add(job.id)
+                self._waiting[job.id] = time.monotonic()
         for blocked in list(self._blocked.values()):
             self._unblock(blocked)
         self._alloc_seen = {}
@@ -1476,7 +1482,8 @@ class Daemon:
             log.debug("event for a process this node does not hold", node=agent.name, job=job_id, slot=slot, kind=kind)
             return
         if kind == "started":
-            self._waiting.discard(job.id)
+            self._waiting.pop(job.id, None)
+            self._withdrawing.discard(job.id)
             if job.started is None:
                 job.started = float(t)
                 self._dirty.add(job)
@@ -1484,6 +1491,14 @@ class Daemon:
                 self._set_state(job, JobState.ACTIVE, float(t))
         elif kind == "failed":
             self._process_done(job, slot, ProcessResult(agent.name, plan.order.role, message=str(data.get("message"))))
+        elif kind == "withdrawn":
+            # Sent at our request, and authoritative: the order is gone from the agent (also when the
+            # request came from before a daemon restart, replayed with the agent's REGISTER). Only an
+            # order placed behind a busy core and not known to have started can be given back.
+            if plan.order.after_cores and job.id in self._waiting:
+                self._withdrawn(job, slot)
+            else:
+                log.warning("agent gave back an order it could not have held unstarted", node=agent.name, job=job_id)
         elif kind == "exited":
             started = data.get("started")
             if job.started is None and isinstance(started, int | float) and not isinstance(started, bool):
@@ -1628,7 +1643,7 @@ class Daemon:
             for p in plans:
                 if ranks[0].behind:
                     p.order.after_cores = True
-                    self._waiting.add(job.id)
+                    self._waiting[job.id] = time.monotonic()
                 self._dispatch(job, p)
 
     def _start_ranks(self, job: JobRecord) -> None:
@@ -1757,7 +1772,8 @@ class Daemon:
         self._tx.process_dispatched(job.id, plan, order_wire=order)
 
     def _process_done(self, job: JobRecord, slot: int, result: ProcessResult) -> None:
-        self._waiting.discard(job.id)
+        self._waiting.pop(job.id, None)
+        self._withdrawing.discard(job.id)
         plan = job.processes.pop(slot, None)
         if plan is None:
             return
@@ -1818,12 +1834,62 @@ class Daemon:
         job.ranks, job.held, job.results = [], [], {}
         job.environment, job.unset = None, []
         job.started = job.ended = None
-        self._waiting.discard(job.id)
+        self._waiting.pop(job.id, None)
+        self._withdrawing.discard(job.id)
         self._tx.job_requeued(job.id)
         self._placed.discard(job)
         self._new_results = [r for r in self._new_results if r[0] is not job]
         self._dirty.add(job)
         self.queue.push(job)
+
+    def _reclaim(self) -> None:
+        """Ask back jobs that have waited behind a busy core for ``_RECLAIM_AFTER`` while a core they
+        could use is free (the task ahead of them turned out long, or the stream's tail is uneven): one
+        per free core, oldest first. An agent that already started one ignores the request."""
+        free = {}
+        for name, node in self.nodes.items():
+            if node.usable and node.free_cores:
+                free[name] = len(node.free_cores)
+        if not free:
+            return
+        now = time.monotonic()
+        room = sum(free.values())
+        for job_id, since in self._waiting.items():
+            if room <= 0 or now - since < _RECLAIM_AFTER:
+                break  # oldest first: the rest waited less
+            job = self.jobs.get(job_id)
+            if job is None or job_id in self._withdrawing or job.phase != "ranks" or len(job.processes) != 1:
+                continue
+            (slot, plan) = next(iter(job.processes.items()))
+            held = self.held.get(node_allocation_key(plan.node))
+            if held is None or not any(n in held.nodes and c >= len(plan.order.cores) for n, c in free.items()):
+                continue  # no core it could use is free in its own allocation
+            self._withdrawing.add(job_id)
+            self._withdraws[plan.node].append([plan.order.job_id, slot])
+            room -= len(plan.order.cores)
+
+    def _withdrawn(self, job: JobRecord, slot: int) -> None:
+        """Its agent gave the order back unstarted: the job is placed afresh, ahead of the queue. Not an
+        attempt (nothing ran); its state stays QUEUED."""
+        plan = job.processes.pop(slot)
+        agent = self.agents.get(plan.node)
+        if agent is not None:
+            agent.processes.discard((plan.order.job_id, slot))
+        self._release_job_amounts(job)
+        for i in range(len(job.ranks)):
+            self._release_rank(job, i)
+        job.ranks, job.held, job.results = [], [], {}
+        self._waiting.pop(job.id, None)
+        self._withdrawing.discard(job.id)
+        self._tx.job_requeued(job.id)
+        self._placed.discard(job)
+        self._dirty.add(job)
+        if job.cancel_reason is not None:  # canceled meanwhile: it never ran
+            job.phase = "done"
+            self._set_state(job, JobState.CANCELED, time.time(), message=job.cancel_reason)
+            return
+        job.phase = "queued"
+        self.queue.push_front(job)
 
     def _release_rank(self, job: JobRecord, i: int) -> None:
         if i < len(job.held) and job.held[i]:
@@ -2001,6 +2067,8 @@ class Daemon:
         if self._parked:
             self._unpark()
         self._schedule()
+        if self._waiting:
+            self._reclaim()
         self._commit()
         if self._draining and not self._stop.is_set() and not self._unfinished():
             log.info("drained: every accepted job has ended")
@@ -2009,6 +2077,7 @@ class Daemon:
         direct, self._agent_frames = self._agent_frames, []
         orders, self._orders = self._orders, defaultdict(list)
         kills, self._kills = self._kills, defaultdict(lambda: defaultdict(list))
+        withdraws, self._withdraws = self._withdraws, defaultdict(list)
         events, self._events = self._events, defaultdict(dict)
         # Agents first: their work starts while the clients' replies are encoded and sent.
         for frames in direct:
@@ -2018,6 +2087,8 @@ class Daemon:
                 _send(
                     self._agents_sock, [ident_of(node), wire.encode(wire.Kind.KILL, {"keys": keys, "reason": reason})]
                 )
+        for node, keys in withdraws.items():
+            _send(self._agents_sock, [ident_of(node), wire.encode(wire.Kind.WITHDRAW, {"keys": keys})])
         for node, batch_orders in orders.items():
             _send(
                 self._agents_sock,

@@ -45,6 +45,7 @@ class Kind:
     REGISTERED: Final = "registered"
     LAUNCH: Final = "launch"
     KILL: Final = "kill"
+    WITHDRAW: Final = "withdraw"  # take back orders still waiting for their cores (not started)
     STOP: Final = "stop"
 
 
@@ -65,7 +66,7 @@ CLIENT_KINDS: Final = frozenset(
 )
 AGENT_KINDS: Final = frozenset({Kind.REGISTER, Kind.HEARTBEAT, Kind.TASK_EVENTS, Kind.BYE})
 TO_CLIENT_KINDS: Final = frozenset({Kind.REPLY, Kind.EVENTS})
-TO_AGENT_KINDS: Final = frozenset({Kind.REGISTERED, Kind.LAUNCH, Kind.KILL, Kind.STOP})
+TO_AGENT_KINDS: Final = frozenset({Kind.REGISTERED, Kind.LAUNCH, Kind.KILL, Kind.WITHDRAW, Kind.STOP})
 
 
 class ProtocolError(ValueError):

@@ -126,3 +126,22 @@ def test_backlog_off_still_runs_everything(start_pilot: Any) -> None:
     for job in jobs:
         status = job.wait(timeout=60)
         assert status is not None and status.state is psij.JobState.COMPLETED
+
+
+def test_short_jobs_do_not_stay_behind_a_long_one_while_a_core_is_free(start_pilot: Any) -> None:
+    """Jobs queued at an agent behind a core whose task turns out long are taken back and run on a core
+    that frees up, instead of waiting for the long task: no head-of-line blocking behind it."""
+    pilot = start_pilot('[pilot]\nbacklog = 8\n[allocation]\nlrm = "local"\nnodes = 1\ncores_per_node = 2\n')
+    ex = pilot.executor()
+    long = psij.Job(psij.JobSpec(executable="/bin/sleep", arguments=["60"]))
+    ex.submit(long)
+    long.wait(timeout=30, target_states=[psij.JobState.ACTIVE])
+    # The other core runs one short job; the rest wait behind both cores, half of them behind the long one.
+    short = [psij.Job(psij.JobSpec(executable="/bin/sleep", arguments=["0.3"])) for _ in range(10)]
+    ex.submit_all(short)
+    for job in short:
+        status = job.wait(timeout=25)
+        assert status is not None and status.state is psij.JobState.COMPLETED, (job.native_id, status)
+    assert long.status.state is psij.JobState.ACTIVE  # all of them ran while it still runs
+    ex.cancel(long)
+    assert long.wait(timeout=30) is not None

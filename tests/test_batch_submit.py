@@ -19,7 +19,6 @@ from test_client_resilience import Restartable, restartable, strays  # noqa: F40
 
 import client as psij
 from client import JobState
-from pilot import wire
 
 CONFIG = """
 [allocation]

@@ -92,3 +92,33 @@ def test_an_exit_with_nothing_waiting_wakes_the_loop_at_once(tmp_path: Path) -> 
         assert loop.pokes >= 1  # no deadline was pending once it ran: only a poke could deliver it
     finally:
         loop.engine.stop()
+
+
+@pytest.mark.timeout(60)
+def test_an_order_waiting_for_its_cores_can_be_withdrawn_one_started_cannot(tmp_path: Path) -> None:
+    """WITHDRAW (the daemon takes back a job waiting behind a long task): an order still waiting is
+    dropped unstarted and reported ``withdrawn``; the running one, and unknown keys, are left alone."""
+    loop = _Loop(tmp_path)
+    loop.engine.start()
+    try:
+        marker = tmp_path / "ran"
+        first = _order("long", loop.cpu, ["sleep 0.5"], after=False)
+        behind = _order("short", loop.cpu, [f"touch {marker}"], after=True)
+        loop.engine.submit([first, behind])
+        deadline = time.monotonic() + 10
+        while not loop.engine.is_running(("long", 0)):
+            assert time.monotonic() < deadline, "the first order never started"
+            time.sleep(0.01)
+        assert not loop.engine.withdraw(("long", 0)), "a running process is not withdrawn"
+        assert not loop.engine.withdraw(("nobody", 0))
+        assert loop.engine.withdraw(("short", 0))
+        assert not loop.engine.withdraw(("short", 0)), "withdrawn once"
+        got = loop.run_until({("long", 0)}, limit=30)
+        kinds = [(e.job_id, e.kind) for e in got]
+        assert ("short", "withdrawn") in kinds and ("long", "exited") in kinds, kinds
+        assert not any(j == "short" and k in ("started", "exited") for j, k in kinds), kinds
+        time.sleep(0.2)
+        assert not marker.exists(), "the withdrawn order ran"
+        assert not loop.engine.busy()
+    finally:
+        loop.engine.stop()

@@ -19,6 +19,7 @@ class JobQueue(Generic[T]):
         self._alive = alive
         self._categories: dict[Hashable, deque[tuple[int, T]]] = {}
         self._seq = 0
+        self._front = 0  # push_front's counter: below every push's, so those items are the oldest
         self._len = 0
 
     def __len__(self) -> int:
@@ -27,6 +28,12 @@ class JobQueue(Generic[T]):
     def push(self, item: T) -> None:
         self._seq += 1
         self._categories.setdefault(self._key(item), deque()).append((self._seq, item))
+        self._len += 1
+
+    def push_front(self, item: T) -> None:
+        """Put an item back ahead of everything queued (a job taken back from an agent keeps its turn)."""
+        self._front -= 1
+        self._categories.setdefault(self._key(item), deque()).appendleft((self._front, item))
         self._len += 1
 
     def drop(self) -> None:
