@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
+import pytest
+from conftest import Pilot
+from pilot_waits import agents_active
+from test_client_resilience import Restartable, final, gated, strays  # noqa: F401 -- fixture
 
 import client as psij
 from pilot.model.job_description import ResourceRequest
@@ -145,3 +152,39 @@ def test_short_jobs_do_not_stay_behind_a_long_one_while_a_core_is_free(start_pil
     assert long.status.state is psij.JobState.ACTIVE  # all of them ran while it still runs
     ex.cancel(long)
     assert long.wait(timeout=30) is not None
+
+
+@pytest.mark.timeout(150)
+def test_jobs_behind_a_long_task_are_taken_back_by_a_restarted_daemon(
+    strays: list[psutil.Process],  # noqa: F811 -- the fixture imported above
+    start_pilot: Callable[..., Pilot],
+    tmp_path: Path,
+) -> None:
+    """Jobs placed behind two busy cores, then the daemon is SIGKILLed and started again: the journal
+    says which wait behind which core, and once one core is free the restarted daemon takes back those
+    still waiting behind the other one's long task."""
+    r = Restartable(
+        start_pilot(
+            "[pilot]\nbacklog = 8\nheartbeat_interval = 0.5\nagent_timeout = 4\n"
+            '[allocation]\nlrm = "local"\nnodes = 1\ncores_per_node = 2\n'
+        ),
+        strays,
+    )
+    ex = r.executor()
+    agents_active(ex, 1)
+    gates = [tmp_path / "first", tmp_path / "second"]
+    longs = [psij.Job(gated(g)) for g in gates]
+    for job in longs:
+        ex.submit(job)
+        assert job.wait(timeout=30, target_states=[psij.JobState.ACTIVE]) is not None
+    short = [psij.Job(psij.JobSpec(executable="/bin/sleep", arguments=["0.2"])) for _ in range(8)]
+    ex.submit_all(short)  # no core is free: all of them wait at the agent, behind one long task or the other
+    r.kill_daemon()
+    r.up_again()
+    gates[0].touch()
+    for job in short:
+        assert final(job, 60).state is psij.JobState.COMPLETED, job.native_id
+    assert longs[1].status.state is psij.JobState.ACTIVE  # they did not wait for it
+    gates[1].touch()
+    assert final(longs[1], 30).state is psij.JobState.COMPLETED
+    assert final(longs[0], 30).state is psij.JobState.COMPLETED
