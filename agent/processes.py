@@ -166,7 +166,7 @@ class ProcessEngine:
         """The order never started: free its cores, start who waited on them."""
         with self._lock:
             # The loop's next_deadline must see them pending (their starts do not wake it), unless an
-            # undrained exit already makes it come back within _EXIT_HOLD.
+            # undrained exit already makes it come back within the exit hold.
             wake = self._free(order) and self._report_since is None
         if wake:
             self._notify()

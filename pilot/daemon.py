@@ -1482,8 +1482,7 @@ class Daemon:
             log.debug("event for a process this node does not hold", node=agent.name, job=job_id, slot=slot, kind=kind)
             return
         if kind == "started":
-            self._waiting.pop(job.id, None)
-            self._withdrawing.discard(job.id)
+            self._stop_waiting(job.id)
             if job.started is None:
                 job.started = float(t)
                 self._dirty.add(job)
@@ -1772,8 +1771,7 @@ class Daemon:
         self._tx.process_dispatched(job.id, plan, order_wire=order)
 
     def _process_done(self, job: JobRecord, slot: int, result: ProcessResult) -> None:
-        self._waiting.pop(job.id, None)
-        self._withdrawing.discard(job.id)
+        self._stop_waiting(job.id)
         plan = job.processes.pop(slot, None)
         if plan is None:
             return
@@ -1825,27 +1823,41 @@ class Daemon:
         """Back to the queue for another attempt, placed afresh (the lost node is not usable). Its
         state stays ACTIVE: PSI/J has no way back to QUEUED, and for the user the job is still running."""
         lost = next(r for r in job.results.values() if r.reason == "lost")
-        self._release_job_amounts(job)
-        for i in range(len(job.ranks)):
-            self._release_rank(job, i)
+        self._unplace(job)
         job.attempt += 1
         log.warning("job restarted after losing its node", job=job.id, attempt=job.attempt, node=lost.node)
         job.phase = "queued"
+        self.queue.push(job)
+
+    def _unplace(self, job: JobRecord) -> None:
+        """Forget the job's placement, processes and results (in the journal too): it is to be placed
+        afresh, after a lost node (:meth:`_requeue`) or a withdrawal (:meth:`_withdrawn`)."""
+        self._release_job_amounts(job)
+        for i in range(len(job.ranks)):
+            self._release_rank(job, i)
         job.ranks, job.held, job.results = [], [], {}
         job.environment, job.unset = None, []
         job.started = job.ended = None
-        self._waiting.pop(job.id, None)
-        self._withdrawing.discard(job.id)
+        self._stop_waiting(job.id)
         self._tx.job_requeued(job.id)
         self._placed.discard(job)
         self._new_results = [r for r in self._new_results if r[0] is not job]
         self._dirty.add(job)
-        self.queue.push(job)
+
+    def _stop_waiting(self, job_id: str) -> None:
+        """The job no longer waits behind a busy core (it started, ended, or is placed afresh)."""
+        self._waiting.pop(job_id, None)
+        self._withdrawing.discard(job_id)
 
     def _reclaim(self) -> None:
         """Ask back jobs that have waited behind a busy core for ``_RECLAIM_AFTER`` while a core they
         could use is free (the task ahead of them turned out long, or the stream's tail is uneven): one
-        per free core, oldest first. An agent that already started one ignores the request."""
+        per free core, oldest first. An agent that already started one ignores the request. Called
+        every flush while jobs wait behind cores: it looks at the nodes only once the oldest of them has
+        waited that long (in a stream of short tasks it never has)."""
+        oldest = next(iter(self._waiting.values()))
+        if time.monotonic() - oldest < _RECLAIM_AFTER:
+            return
         free = {}
         for name, node in self.nodes.items():
             if node.usable and node.free_cores:
@@ -1875,15 +1887,7 @@ class Daemon:
         agent = self.agents.get(plan.node)
         if agent is not None:
             agent.processes.discard((plan.order.job_id, slot))
-        self._release_job_amounts(job)
-        for i in range(len(job.ranks)):
-            self._release_rank(job, i)
-        job.ranks, job.held, job.results = [], [], {}
-        self._waiting.pop(job.id, None)
-        self._withdrawing.discard(job.id)
-        self._tx.job_requeued(job.id)
-        self._placed.discard(job)
-        self._dirty.add(job)
+        self._unplace(job)
         if job.cancel_reason is not None:  # canceled meanwhile: it never ran
             job.phase = "done"
             self._set_state(job, JobState.CANCELED, time.time(), message=job.cancel_reason)
