@@ -10,12 +10,17 @@ Part of the protocol layer shared by daemon and agents, like :mod:`pilot.wire`.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import select
-from typing import Any
+import time
+from typing import Any, Final
 
 import anyio
 import zmq
+
+_POLLIN: Final = int(zmq.POLLIN)  # a plain int: ``events & zmq.POLLIN`` goes through enum.Flag, twice the cost
+_EVENTS: Final = int(zmq.EVENTS)
 
 
 class Waiter:
@@ -27,11 +32,12 @@ class Waiter:
         os.set_blocking(self._wfd, False)
         self._epoll.register(self._rfd, select.EPOLLIN)
         self._poked = False
+        self._pipe_seen = False  # the wake pipe was seen readable: read it at the next turn
         #: Under asyncio the epoll fd stays registered with the loop between waits (a reader that sets
         #: ``_woken``), instead of anyio.wait_readable's add/remove per wait: two epoll_ctl calls, a
         #: backend lookup and an Event per wake-up, paid per message burst.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._woken: asyncio.Future[None] | None = None
+        self._woken: asyncio.Future[bool] | None = None
 
     def add(self, sock: zmq.Socket[Any]) -> None:
         self._sockets.append(sock)
@@ -49,53 +55,109 @@ class Waiter:
                 pass
 
     def readable(self, sock: zmq.Socket[Any]) -> bool:
-        events = sock.getsockopt(zmq.EVENTS)
-        assert isinstance(events, int)
-        return bool(events & zmq.POLLIN)
+        events: int = sock.getsockopt(_EVENTS)  # type: ignore[assignment]
+        return bool(events & _POLLIN)
 
-    async def wait(self) -> None:
-        """Return when a socket has input or someone poked (bound it with a cancel scope). A ZeroMQ fd
-        also signals internal commands (a peer's read acknowledgement after each send, ...): those
-        wake-ups are absorbed here instead of costing the owner a pass over its sockets and outboxes."""
-        while not self._poked and not any(self.readable(s) for s in self._sockets):
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # another anyio backend
-                await anyio.wait_readable(self._epoll.fileno())
-            else:
-                await self._wait_asyncio(loop)
-            try:
-                if os.read(self._rfd, 4096):
-                    break  # poked (the flag may already be cleared: a poke racing the previous wait)
-            except BlockingIOError:
-                pass
+    def _due(self) -> bool:
+        """Poked, or a socket has input (reading ZMQ_EVENTS also clears a socket FD's signal)."""
+        if self._poked:
+            return True
+        for s in self._sockets:
+            if self.readable(s):
+                return True
+        return False
+
+    async def wait(self, until: float | None = None) -> bool:
+        """Return when a socket has input or someone poked: True; or, with ``until`` (a
+        ``time.monotonic()`` value), at that time if neither came first: False. A deadline costs a
+        timer, not a cancel scope around the wait (twice the CPU of the wait itself).
+
+        A ZeroMQ fd also signals internal commands (a peer's read acknowledgement after each send, ...),
+        and an epoll fd watched by another epoll (the event loop's) can be reported ready after the
+        signal that made it so is gone: under asyncio such wake-ups are told apart and absorbed in the
+        loop's reader callback, without resuming the owner task, instead of costing it a loop turn."""
+        if self._due():
+            self._clear()
+            return True
+        delay = None if until is None else until - time.monotonic()
+        if delay is not None and delay <= 0:
+            return False
         try:
-            os.read(self._rfd, 4096)
-        except BlockingIOError:
-            pass
-        self._poked = False
-
-    async def _wait_asyncio(self, loop: asyncio.AbstractEventLoop) -> None:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # another anyio backend
+            return await self._wait_other(delay)
         if self._loop is not loop:
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.remove_reader(self._epoll.fileno())
             loop.add_reader(self._epoll.fileno(), self._on_readable)
             self._loop = loop
-        woken = self._woken = loop.create_future()
+        woken: asyncio.Future[bool] = loop.create_future()
+        self._woken = woken
+        timer = None if delay is None else loop.call_later(delay, self._on_timeout)
         try:
             await woken
         finally:
             self._woken = None
+            if timer is not None:
+                timer.cancel()
+        result = woken.result()
+        if result:
+            self._clear()
+        return result
+
+    async def _wait_other(self, delay: float | None) -> bool:
+        deadline = None if delay is None else anyio.current_time() + delay
+        while True:
+            left = math.inf if deadline is None else deadline - anyio.current_time()
+            if left <= 0:
+                return False
+            with anyio.move_on_after(left):
+                await anyio.wait_readable(self._epoll.fileno())
+            if self._woke(self._epoll.poll(0)):
+                self._clear()
+                return True
+
+    def _clear(self) -> None:
+        """A turn begins: what poked so far is seen by it (a poke from now on wakes the next wait)."""
+        if self._poked or self._pipe_seen:
+            try:
+                os.read(self._rfd, 4096)
+            except BlockingIOError:
+                pass
+            self._poked = self._pipe_seen = False
 
     def _on_readable(self) -> None:
-        if self._woken is None:
+        woken = self._woken
+        if woken is None:
             # Readable while nobody waits (the owner is busy, or done): stop watching until the next
             # wait, so a level-triggered fd cannot spin the loop.
             if self._loop is not None:
                 self._loop.remove_reader(self._epoll.fileno())
                 self._loop = None
-        elif not self._woken.done():
-            self._woken.set_result(None)
+            return
+        if woken.done():
+            return
+        # poll(0) drops stale entries from the epoll's ready list (else the loop's epoll reports it again).
+        if self._woke(self._epoll.poll(0)):
+            woken.set_result(True)
+
+    def _woke(self, ready: list[tuple[int, int]]) -> bool:
+        """Whether what the epoll reported (``ready``) is a wake-up for the owner."""
+        if self._poked:
+            return True
+        if any(fd == self._rfd for fd, _ in ready):
+            self._pipe_seen = True  # a byte without the flag: a poke that raced the end of the previous turn
+            return True
+        if not ready:
+            return False
+        if self._due():
+            return True
+        self._epoll.poll(0)  # the sockets' signals were commands only, cleared by _due: drop them too
+        return False
+
+    def _on_timeout(self) -> None:
+        if self._woken is not None and not self._woken.done():
+            self._woken.set_result(False)
 
     def close(self) -> None:
         if self._loop is not None and not self._loop.is_closed():

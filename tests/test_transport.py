@@ -1,0 +1,120 @@
+"""pilot.transport.Waiter on real ZeroMQ sockets (ipc, a DEALER in this process): it wakes for input
+and pokes, returns False at its ``until`` time, absorbs ZeroMQ's command-only signals without
+returning, and never misses a frame that came meanwhile."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import zmq
+
+from pilot.transport import Waiter, drain
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[zmq.Socket[Any], zmq.Socket[Any], Waiter]]:
+    ctx: zmq.Context[zmq.Socket[Any]] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, b"d")
+    url = f"ipc://{tmp_path / 's.sock'}"
+    router.bind(url)
+    dealer.connect(url)
+    dealer.send(b"hello")
+    assert router.poll(5000)
+    assert router.recv_multipart() == [b"d", b"hello"]
+    waiter = Waiter()
+    waiter.add(router)
+    try:
+        yield router, dealer, waiter
+    finally:
+        waiter.close()
+        router.close(linger=0)
+        dealer.close(linger=0)
+        ctx.term()
+
+
+async def test_until_passes_without_input(pair: tuple[zmq.Socket[Any], zmq.Socket[Any], Waiter]) -> None:
+    _, _, waiter = pair
+    assert not await waiter.wait(until=time.monotonic() - 1)
+    assert not await waiter.wait(until=time.monotonic() + 0.05)
+
+
+async def test_the_old_call_form_under_a_cancel_scope(pair: tuple[zmq.Socket[Any], zmq.Socket[Any], Waiter]) -> None:
+    """``with move_on_after(t): await waiter.wait()`` (the agent's loop) still works, and a wait
+    cancelled that way leaves the waiter usable."""
+    router, dealer, waiter = pair
+    with anyio.move_on_after(0.05) as scope:
+        await waiter.wait()
+    assert scope.cancelled_caught
+    dealer.send(b"after")
+    with anyio.fail_after(30):
+        await waiter.wait()
+    assert drain(router, 10) == [[b"d", b"after"]]
+
+
+async def test_wakes_for_a_frame_and_for_a_poke(pair: tuple[zmq.Socket[Any], zmq.Socket[Any], Waiter]) -> None:
+    router, dealer, waiter = pair
+
+    async def main() -> list[Any]:
+        out: list[Any] = []
+        # A frame sent from another thread while the owner waits (no deadline: it must wake).
+        threading.Timer(0.05, lambda: dealer.send(b"one")).start()
+        out.append(await waiter.wait(until=time.monotonic() + 30))
+        out.append(drain(router, 10))
+        # A poke from another thread.
+        threading.Timer(0.05, waiter.poke).start()
+        out.append(await waiter.wait(until=time.monotonic() + 30))
+        # A poke made while the owner is busy is seen by the next wait at once.
+        waiter.poke()
+        out.append(await waiter.wait(until=time.monotonic() + 30))
+        # Nothing left: the next wait times out.
+        out.append(await waiter.wait(until=time.monotonic() + 0.05))
+        return out
+
+    assert await main() == [True, [[b"d", b"one"]], True, True, False]
+
+
+async def test_command_signals_do_not_end_a_wait(pair: tuple[zmq.Socket[Any], zmq.Socket[Any], Waiter]) -> None:
+    """Sends and peers' traffic make the socket's FD signal without input: the wait goes on until its
+    deadline, and a frame that comes later still ends it."""
+    router, dealer, waiter = pair
+    for _ in range(20):
+        router.send_multipart([b"d", b"x" * 100])  # traffic on the router's pipes and mailbox, no input
+    assert not await waiter.wait(until=time.monotonic() + 0.1)
+    assert [dealer.recv() for _ in range(20)] == [b"x" * 100] * 20
+    assert not await waiter.wait(until=time.monotonic() + 0.1)  # the peer read them: still no input
+    threading.Timer(0.05, lambda: dealer.send(b"late")).start()
+    assert await waiter.wait(until=time.monotonic() + 30)
+    assert drain(router, 10) == [[b"d", b"late"]]
+
+
+async def test_many_frames_none_missed(pair: tuple[zmq.Socket[Any], zmq.Socket[Any], Waiter]) -> None:
+    """Frames sent at random moments from another thread all reach an owner that drains then waits."""
+    router, dealer, waiter = pair
+    n = 2000
+
+    def sender() -> None:  # the only user of the dealer from here on
+        for i in range(n):
+            dealer.send(str(i).encode())
+            if i % 7 == 0:
+                time.sleep(0.0005)
+
+    t = threading.Thread(target=sender)
+    t.start()
+    got: list[bytes] = []
+    end = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < end:
+        got += [m[1] for m in drain(router, 100)]
+        if len(got) < n:
+            await waiter.wait(until=time.monotonic() + 1)
+    t.join()
+    assert got == [str(i).encode() for i in range(n)]
