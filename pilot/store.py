@@ -158,6 +158,7 @@ class Batch:
 
     __slots__ = (
         "_accepted",
+        "_accepted_at",
         "_alloc",
         "_dispatched",
         "_envs",
@@ -165,12 +166,14 @@ class Batch:
         "_nodes",
         "_requeued",
         "_results",
-        "_seq",
         "_updates",
     )
 
     def __init__(self) -> None:
+        #: New jobs' full rows: a job placed (or ended) in the batch that accepted it is written by one
+        #: INSERT, not an INSERT and an UPDATE.
         self._accepted: list[tuple[Any, ...]] = []
+        self._accepted_at: dict[str, int] = {}  # job id -> its row in _accepted
         self._dispatched: list[tuple[Any, ...]] = []
         self._results: list[tuple[Any, ...]] = []
         self._envs: list[tuple[Any, ...]] = []
@@ -179,7 +182,6 @@ class Batch:
         self._updates: list[tuple[Any, ...]] = []
         self._nodes: list[tuple[str, bytes]] = []
         self._meta: list[tuple[str, bytes]] = []
-        self._seq = 0
 
     def job_accepted(
         self,
@@ -193,9 +195,9 @@ class Batch:
         """A job the daemon accepted. ``description`` may be the validated wire map the client sent,
         which saves re-encoding it (``JobDescription.from_wire`` accepted it, so it loads back)."""
         raw = description.to_wire() if isinstance(description, JobDescription) else description
-        self._accepted.append((job_id, seq, _pack(raw), submitted, state.value, submitted))
-        if seq > self._seq:
-            self._seq = seq
+        self._accepted_at[job_id] = len(self._accepted)
+        row = (job_id, seq, _pack(raw), submitted, state.value, submitted, None, None, None, "queued", None, None, None)
+        self._accepted.append((*row, 0, 0, None))
 
     def job_update(self, job: JobRecord, *, placed: bool = False) -> None:
         """The job's row as it is now: state (and, once final, exit code, message and Delivered), phase,
@@ -203,6 +205,25 @@ class Batch:
         changed job per flush, whatever changed."""
         meta = _pack(dict(job.metadata)) if job.final and job.metadata else None
         ranks = _pack_ranks(job.ranks) if placed else None
+        at = self._accepted_at.get(job.id)
+        if at is not None:
+            row = self._accepted[at]
+            self._accepted[at] = (
+                *row[:4],
+                job.state.value,
+                job.state_time,
+                job.exit_code,
+                job.message,
+                meta,
+                job.phase,
+                job.started,
+                job.ended,
+                job.cancel_reason,
+                int(job.closing),
+                job.attempt,
+                ranks if placed else row[15],
+            )
+            return
         self._updates.append(
             (
                 job.state.value,
@@ -225,6 +246,9 @@ class Batch:
         """The job goes back to the queue for another attempt: its placement, processes and results so
         far are forgotten (changes for it earlier in this batch included), the new attempt's are kept."""
         self._updates = [(*t[:-2], None, t[-1]) if t[-1] == job_id else t for t in self._updates]
+        at = self._accepted_at.get(job_id)
+        if at is not None:
+            self._accepted[at] = (*self._accepted[at][:15], None)
         self._envs = [t for t in self._envs if t[-1] != job_id]
         self._dispatched = [t for t in self._dispatched if t[0] != job_id]
         self._results = [t for t in self._results if t[0] != job_id]
@@ -294,15 +318,13 @@ class Batch:
                 "UPDATE jobs SET ranks = NULL, environment = NULL, unset = NULL WHERE id = ?", self._requeued
             )
         if self._accepted:
+            # The next sequence number is max(seq) + 1 when loading (job rows are never deleted); an
+            # older journal's meta 'seq' row is still read.
             db.executemany(
-                "INSERT INTO jobs (id, seq, description, submitted, state, state_time) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO jobs (id, seq, description, submitted, state, state_time, exit_code, message, metadata,"
+                " phase, started, ended, cancel_reason, closing, attempt, ranks)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 self._accepted,
-            )
-        if self._seq:
-            db.execute(
-                "INSERT INTO meta (key, value) VALUES ('seq', ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
-                (self._seq,),
             )
         if self._envs:
             db.executemany("UPDATE jobs SET environment = ?, unset = ? WHERE id = ?", self._envs)

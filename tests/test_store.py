@@ -298,3 +298,46 @@ def test_batches_do_not_nest(tmp_path: Path) -> None:
     with Store.open(tmp_path / "j.db") as store, store.batch():
         with pytest.raises(RuntimeError, match="nest"), store.batch():
             pass
+
+
+def test_job_accepted_and_changed_in_one_batch(tmp_path: Path) -> None:
+    """A job placed, ended or requeued in the batch that accepted it (one row written, not a row then an
+    update) loads with its latest state; the next sequence number comes from the rows."""
+    ranks = [RankPlacement("n0", [0], [], 0)]
+    with Store.open(tmp_path / "j.db") as store:
+        with store.batch() as tx:
+            tx.job_accepted("1", 1, _desc(1), 1.0)
+            tx.job_accepted("2", 2, _desc(2), 1.0)
+            tx.job_accepted("3", 3, _desc(3), 1.0)
+            j1 = _job("1", _desc(1), 1.0, phase="ranks", ranks=ranks)
+            tx.job_update(j1, placed=True)
+            tx.process_dispatched("1", PlannedProcess("n0", _order("1", 0), [0]))
+            tx.job_update(_job("1", _desc(1), 1.0, state=JobState.ACTIVE, state_time=2.0, phase="ranks", started=2.0))
+            j2 = _job("2", _desc(2), 1.0, phase="ranks", ranks=ranks)
+            tx.job_update(j2, placed=True)
+            tx.job_requeued("2")
+            tx.job_update(_job("2", _desc(2), 1.0, phase="queued", attempt=1))
+            meta = {"exit_code": 0}
+            j3 = _job("3", _desc(3), 1.0, state=JobState.COMPLETED, state_time=3.0, phase="done", exit_code=0)
+            j3.metadata = meta
+            tx.job_update(j3)
+        rec = store.load()
+    j1, j2, j3 = rec.jobs
+    assert (j1.state, j1.state_time, j1.phase, j1.started, j1.ranks) == (JobState.ACTIVE, 2.0, "ranks", 2.0, ranks)
+    assert list(j1.processes) == [0] and j1.held == [True]
+    assert (j2.phase, j2.attempt, j2.ranks, j2.processes) == ("queued", 1, [], {})
+    assert (j3.state, j3.exit_code, j3.metadata, j3.description) == (JobState.COMPLETED, 0, meta, _desc(3))
+    assert rec.next_seq == 4
+
+
+def test_next_seq_of_an_older_journal_is_kept(tmp_path: Path) -> None:
+    """A journal written when the next sequence number had its own row (meta 'seq') still gives it."""
+    with Store.open(tmp_path / "j.db") as store:
+        with store.batch() as tx:
+            tx.job_accepted("1", 1, _desc(1), 1.0)
+    db = sqlite3.connect(tmp_path / "j.db")
+    db.execute("INSERT INTO meta (key, value) VALUES ('seq', 9)")  # as the earlier pilot wrote it
+    db.commit()
+    db.close()
+    with Store.open(tmp_path / "j.db") as store:
+        assert store.load().next_seq == 10
