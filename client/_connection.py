@@ -76,6 +76,9 @@ _REATTACH_BATCH: Final = 5000  # job ids per ATTACH re-sent on reconnect
 #: one step of its loop, so this bounds how long one frame holds up everything else there.
 GROUP_JOBS: Final = 2000
 _FINAL: Final = ("COMPLETED", "FAILED", "CANCELED")
+_POLLIN: Final = int(zmq.POLLIN)  # plain ints: enum.Flag's operators cost more than the socket option
+_POLLOUT: Final = int(zmq.POLLOUT)
+_EVENTS: Final = int(zmq.EVENTS)
 _DOWN_EVENTS: Final = frozenset(
     {
         zmq.EVENT_DISCONNECTED,
@@ -303,7 +306,7 @@ class Connection:
                 return False
             if pending.jobs is not None:
                 self.submit_frames += 1
-            if _events(link) & zmq.POLLIN:
+            if _events(link) & _POLLIN:
                 self._wake()  # the send may have taken the FD's signal of a frame that came meanwhile
             return True
         finally:
@@ -475,7 +478,7 @@ class Connection:
                     if self.connects > 1:
                         log.info("reconnected to the pilot", url=self.url)
                     self._queue_reattach()
-                if link.up:
+                if link.up and (self._outbox or self._live is not link):  # else nothing to send, nor to set
                     blocked = not self._send(link)
         finally:
             if link is not None:
@@ -506,7 +509,7 @@ class Connection:
         """Whether the socket has a frame to read (or, ``blocked``, room to send) right now."""
         with self._sock_lock:
             events = _events(link)
-        return bool(events & zmq.POLLIN or (blocked and events & zmq.POLLOUT))
+        return bool(events & _POLLIN or (blocked and events & _POLLOUT))
 
     def _send(self, link: _Link) -> bool:
         """Hand the outbox to the socket, in order; False when it cannot take more now. Consecutive
@@ -647,7 +650,7 @@ class Connection:
     def _receive(self, link: _Link) -> None:
         frames: list[bytes] = []
         with self._sock_lock:
-            while True:
+            while _events(link) & _POLLIN:  # not a receive until EAGAIN: pyzmq's exception costs more
                 try:
                     frames.append(link.sock.recv(zmq.NOBLOCK))
                 except zmq.Again:
@@ -717,8 +720,7 @@ class Connection:
 
 def _events(link: _Link) -> int:
     """The socket's ZMQ_EVENTS (the socket lock held); also clears its FD's signal."""
-    events = link.sock.getsockopt(zmq.EVENTS)
-    assert isinstance(events, int)
+    events: int = link.sock.getsockopt(_EVENTS)  # type: ignore[assignment]
     return events
 
 
