@@ -513,6 +513,8 @@ class Store:
             job.environment = _unpack(env) if env is not None else None
             job.unset = _unpack(un) if un is not None else []
             jobs[jid] = job
+            if type(seq) is not int:  # the next job's id comes from it: a damaged one must not be used
+                raise ValueError(f"job {jid}: sequence number {seq!r} is not an integer")
             max_seq = max(max_seq, seq)
         for jid, slot, node, role, code, sig, msg, reason, data in db.execute("SELECT * FROM results"):
             if jid in jobs:

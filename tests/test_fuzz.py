@@ -1039,7 +1039,9 @@ def test_journal_with_a_damaged_schema_byte_raises_journal_error(journal: Callab
 @pytest.mark.parametrize(
     "sql",
     [
-        "UPDATE meta SET value = 9e999 WHERE key = 'seq'",
+        # The next sequence number as earlier pilots kept it (now max(seq) of the jobs: no row of its own)
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('seq', 9e999)",
+        "UPDATE jobs SET seq = 9e999 WHERE id = '1'",  # where it comes from now
         "UPDATE jobs SET ranks = x'9195a26e30910090cb7ff0000000000000c2' WHERE id = '1'",  # memory: inf
     ],
 )
