@@ -100,6 +100,7 @@ class ProcessEngine:
         self._report_since: float | None = None  # monotonic time of the oldest undrained exit or failure
         self._urgent = False  # an undrained event that is not held (see _report)
         self._hold = _EXIT_HOLD  # how long the undrained exits may wait (see _report)
+        self._low_water = 0  # and go once no more orders than this wait here (see _report)
         #: The latest the loop comes back (what next_deadline last told it), and whether a spawner owes
         #: it a wake-up for an undrained exit: see _report.
         self._loop_due = math.inf
@@ -217,9 +218,10 @@ class ProcessEngine:
         """Events to send. A ``started`` event is held up to ``_START_HOLD`` seconds while its process
         runs: a short task's exit then carries it (one event, one daemon pass, not two). A task's
         ``started`` never wakes the loop by itself; exits and failures do. While orders wait here for
-        their cores, exits are held up to ``_EXIT_HOLD`` seconds too: the cores stay busy meanwhile, and
-        the daemon gets the exits of a burst in one message (and answers with one batch of orders)
-        instead of one each; an agent with no queued work reports at once."""
+        their cores, exits are held too (up to ``_EXIT_HOLD`` seconds, or until half of those orders have
+        started: _report): the cores stay busy meanwhile, and the daemon gets the exits of a burst in one
+        message (and answers with one batch of orders) instead of one each; an agent with no queued work
+        reports at once."""
         now = time.monotonic()
         with self._lock:
             since = self._report_since
@@ -621,10 +623,13 @@ class ProcessEngine:
         :meth:`drain` would hold it anyway and the loop comes back by the end of that hold by itself
         (``_loop_due``) or is woken by the spawner that takes a handed-off order (``_wake_owed``): a
         wake-up now would only make the loop compete for the GIL with the thread that hands that
-        order over and the spawner that starts it. Exits of short tasks wait ``_EXIT_HOLD``, where
-        batching pays most (many per second); while one of a task that ran ``_HOLD_UNDER`` or longer is
-        among them, ``_EXIT_HOLD_LONG``. A failure or a withdrawal is reported at once, with whatever
-        was held."""
+        order over and the spawner that starts it. Exits of short tasks wait up to ``_EXIT_HOLD``, where
+        batching pays most (many per second), but only until half the orders that waited here when the
+        first of them came have started (``_low_water``): the other half keeps the cores busy while the
+        daemon answers the batch with more. An agent that runs few tasks per second (one core of many
+        nodes) so sends batches as large as one that runs many. While an exit of a task that ran
+        ``_HOLD_UNDER`` or longer is among them, ``_EXIT_HOLD_LONG``. A failure or a withdrawal is
+        reported at once, with whatever was held."""
         self._events.append(event)
         wall = event.data.get("wall_duration")
         if event.kind != "exited" or not isinstance(wall, float):
@@ -636,13 +641,17 @@ class ProcessEngine:
         hold = _EXIT_HOLD if wall < _HOLD_UNDER else _EXIT_HOLD_LONG
         if self._report_since is not None:
             self._hold = min(self._hold, hold)  # the loop's deadline stays as it was: at most later
-            return False
-        now = self._report_since = time.monotonic()
-        self._hold = hold
-        if self._urgent or not (self._waiting or self._pending_orders):
-            return True
-        if self._loop_due <= now + hold:
-            return False
+            if self._urgent or len(self._waiting) > self._low_water:
+                return False
+            self._urgent = True  # half the queue is gone: the daemon must send more
+        else:
+            now = self._report_since = time.monotonic()
+            self._hold = hold
+            self._low_water = len(self._waiting) // 2
+            if not self._waiting:
+                self._urgent = True
+            elif self._loop_due <= now + hold:
+                return False
         if self._handoffs:
             self._wake_owed = True
             return False
@@ -650,8 +659,8 @@ class ProcessEngine:
 
 
 _START_HOLD: Final = 0.005  # seconds a running task's ``started`` event may wait for its exit (drain)
-#: Seconds the exits of short tasks may wait to go together while the agent has orders queued (drain).
-_EXIT_HOLD: Final = 0.005
+#: Seconds the exits of short tasks may wait at most to go together while orders wait here (drain, _report).
+_EXIT_HOLD: Final = 0.02
 _EXIT_HOLD_LONG: Final = 0.002  # the same for exits of tasks that ran _HOLD_UNDER or longer (few per second)
 _HOLD_UNDER: Final = 0.02
 _SEAL_INTERVAL: Final = 1.0  # seconds between checks that no stray fd would leak into tasks

@@ -29,7 +29,7 @@ class PilotSettings:
     kill_grace: float = 2.0
     log_level: str = "info"
     #: Short one-process tasks that may wait at an agent behind each busy core (0: none, up to 64).
-    backlog: int = 8
+    backlog: int = 16
     #: How agents reach the daemon: "ipc" (private socket, same machine) or "tcp" (CURVE-encrypted and
     #: authenticated); None picks ipc for a local allocation and tcp for a batch system.
     agent_transport: str | None = None

@@ -23,6 +23,7 @@ class _Loop:
     def __init__(self, tmp_path: Path) -> None:
         self.poked = threading.Event()
         self.pokes = 0
+        self.batches: list[list[str]] = []  # the jobs whose exits each drain gave, in order
         cpu = min(os.sched_getaffinity(0))
         node = NodeConfigured("n0", "localhost", [cpu], 1 << 30)
         self.engine = ProcessEngine(node=node, workdir=tmp_path, notify=self._poke)
@@ -37,7 +38,10 @@ class _Loop:
         got: list[Event] = []
         end = time.monotonic() + limit
         while True:
-            got += self.engine.drain()
+            batch = self.engine.drain()
+            if exits := [e.job_id for e in batch if e.kind == "exited"]:
+                self.batches.append(exits)
+            got += batch
             if keys <= {(e.job_id, e.slot) for e in got if e.kind in ("exited", "failed")}:
                 return got
             deadline = self.engine.next_deadline()
@@ -76,6 +80,28 @@ def test_exits_held_behind_waiting_orders_still_reach_a_sleeping_loop(tmp_path: 
         assert not loop.engine.busy()
         # Nothing left over: a later drain has no stray events.
         assert loop.engine.drain() == []
+    finally:
+        loop.engine.stop()
+
+
+@pytest.mark.timeout(60)
+def test_held_exits_go_once_half_the_waiting_orders_have_started(tmp_path: Path) -> None:
+    """Exits of short tasks are held while orders wait behind them, but not until the queue runs dry:
+    once half of the orders that waited at the first exit have started, the batch goes (the daemon then
+    sends more while the other half runs). Seven wait behind q0: its exit, q1's, q2's and q3's go
+    together while s0, the fourth to start, runs, well before the exit hold's upper bound."""
+    loop = _Loop(tmp_path)
+    loop.engine.start()
+    try:
+        quick = [_order(f"q{i}", loop.cpu, ["exit 0"], after=i > 0) for i in range(4)]
+        slow = [_order(f"s{i}", loop.cpu, ["sleep 0.012"], after=True) for i in range(4)]
+        loop.engine.submit(quick + slow)
+        loop.run_until({(o.job_id, 0) for o in quick + slow}, limit=30)
+        assert [j for b in loop.batches for j in b] == [o.job_id for o in quick + slow], loop.batches
+        # Held at most until the low-water mark: no slow task's exit is in the first batch (with a plain
+        # 20 ms hold, s0 would have exited before it ended), and more batches follow.
+        assert all(j.startswith("q") for j in loop.batches[0]), loop.batches
+        assert len(loop.batches) >= 2, loop.batches
     finally:
         loop.engine.stop()
 
