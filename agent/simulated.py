@@ -76,6 +76,10 @@ class NullEngine:
         self._settle()
 
     def next_deadline(self) -> float | None:
+        """Now while events wait to go (orders submitted at the end of the loop's turn start at once),
+        else the next simulated exit."""
+        if self._events:
+            return time.monotonic()
         return self._due[0][0] if self._due else None
 
     def drain(self) -> list[Event]:

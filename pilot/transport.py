@@ -14,6 +14,7 @@ import math
 import os
 import select
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Final
 
 import anyio
@@ -21,6 +22,7 @@ import zmq
 
 _POLLIN: Final = int(zmq.POLLIN)  # a plain int: ``events & zmq.POLLIN`` goes through enum.Flag, twice the cost
 _EVENTS: Final = int(zmq.EVENTS)
+_NO_LOCK: Final = nullcontext()
 
 
 class Waiter:
@@ -104,6 +106,24 @@ class Waiter:
         if result:
             self._clear()
         return result
+
+    def block(self, until: float, *, lock: AbstractContextManager[Any] = _NO_LOCK) -> bool:
+        """:meth:`wait` for a loop that has a thread of its own: blocks that thread, until ``until`` (a
+        ``time.monotonic()`` value) at the latest. A plain epoll wait costs a fifth of an event loop's
+        wake-up and timer (5 vs 25-45 us of CPU each time here). ``lock``: held while the sockets are
+        looked at, for owners that let other threads use them while this one sleeps (never at once)."""
+        while True:
+            with lock:
+                if self._due():
+                    break
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            if any(fd == self._rfd for fd, _ in self._epoll.poll(left)):
+                self._pipe_seen = True
+                break
+        self._clear()
+        return True
 
     async def _wait_other(self, delay: float | None) -> bool:
         deadline = None if delay is None else anyio.current_time() + delay
