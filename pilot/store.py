@@ -205,42 +205,25 @@ class Batch:
         changed job per flush, whatever changed."""
         meta = _pack(dict(job.metadata)) if job.final and job.metadata else None
         ranks = _pack_ranks(job.ranks) if placed else None
+        fields = (
+            job.state.value,
+            job.state_time,
+            job.exit_code,
+            job.message,
+            meta,
+            job.phase,
+            job.started,
+            job.ended,
+            job.cancel_reason,
+            int(job.closing),
+            job.attempt,
+        )
         at = self._accepted_at.get(job.id)
         if at is not None:
             row = self._accepted[at]
-            self._accepted[at] = (
-                *row[:4],
-                job.state.value,
-                job.state_time,
-                job.exit_code,
-                job.message,
-                meta,
-                job.phase,
-                job.started,
-                job.ended,
-                job.cancel_reason,
-                int(job.closing),
-                job.attempt,
-                ranks if placed else row[15],
-            )
+            self._accepted[at] = (*row[:4], *fields, ranks if placed else row[15])
             return
-        self._updates.append(
-            (
-                job.state.value,
-                job.state_time,
-                job.exit_code,
-                job.message,
-                meta,
-                job.phase,
-                job.started,
-                job.ended,
-                job.cancel_reason,
-                int(job.closing),
-                job.attempt,
-                ranks,
-                job.id,
-            )
-        )
+        self._updates.append((*fields, ranks, job.id))
 
     def job_requeued(self, job_id: str) -> None:
         """The job goes back to the queue for another attempt: its placement, processes and results so

@@ -1,6 +1,7 @@
 """pilot.transport.Waiter on real ZeroMQ sockets (ipc, a DEALER in this process): it wakes for input
 and pokes, returns False at its ``until`` time, absorbs ZeroMQ's command-only signals without
-returning, and never misses a frame that came meanwhile."""
+returning, and never misses a frame that came meanwhile; ``Waiter.block``, its form for a loop in a
+thread of its own, the same, looking at the sockets only under the lock it is given."""
 
 from __future__ import annotations
 
@@ -118,3 +119,63 @@ async def test_many_frames_none_missed(pair: tuple[zmq.Socket[Any], zmq.Socket[A
             await waiter.wait(until=time.monotonic() + 1)
     t.join()
     assert got == [str(i).encode() for i in range(n)]
+
+
+# -- Waiter.block: the wait of a loop that has a thread of its own (a spawning agent's) -------------
+
+
+def _block_while(action: threading.Timer, waiter: Waiter, *, limit: float) -> float:
+    """Seconds ``block`` took (``limit`` at most) while ``action`` ran from another thread."""
+    t0 = time.monotonic()
+    action.start()
+    try:
+        assert waiter.block(t0 + limit), "woken, not timed out"
+    finally:
+        action.join()
+    return time.monotonic() - t0
+
+
+def test_block_returns_for_a_frame_and_for_a_poke(pair: tuple[zmq.Socket[Any], zmq.Socket[Any], Waiter]) -> None:
+    router, dealer, waiter = pair
+    assert _block_while(threading.Timer(0.05, dealer.send, args=(b"frame",)), waiter, limit=20) < 20
+    assert drain(router, 10) == [[b"d", b"frame"]]
+    assert _block_while(threading.Timer(0.05, waiter.poke), waiter, limit=20) < 20
+    # The poke was consumed with that wait: the next one lasts until its deadline.
+    t0 = time.monotonic()
+    assert not waiter.block(t0 + 0.05)
+    assert time.monotonic() - t0 >= 0.05
+    assert not waiter.block(time.monotonic())  # a deadline already past: no wait at all
+
+
+def test_block_returns_at_once_for_a_frame_already_queued(
+    pair: tuple[zmq.Socket[Any], zmq.Socket[Any], Waiter],
+) -> None:
+    router, dealer, waiter = pair
+    dealer.send(b"first")
+    dealer.send(b"second")
+    assert router.poll(5000)
+    assert router.recv_multipart() == [b"d", b"first"]  # the fd's signal is gone; "second" still waits
+    t0 = time.monotonic()
+    assert waiter.block(t0 + 20)
+    assert time.monotonic() - t0 < 20, "block slept through a frame that was already there"
+    assert drain(router, 10) == [[b"d", b"second"]]
+
+
+def test_block_looks_at_the_sockets_only_under_its_lock(
+    pair: tuple[zmq.Socket[Any], zmq.Socket[Any], Waiter],
+) -> None:
+    """A spawning agent's engine threads send on the loop's socket while the loop sleeps: the loop
+    must not read the socket's state while they hold the lock (ZeroMQ sockets are one thread's at a
+    time)."""
+    router, dealer, waiter = pair
+    lock = threading.Lock()
+    woken: list[bool] = []
+    with lock:
+        sleeper = threading.Thread(target=lambda: woken.append(waiter.block(time.monotonic() + 20, lock=lock)))
+        sleeper.start()
+        dealer.send(b"frame")
+        sleeper.join(0.3)
+        assert sleeper.is_alive() and not woken, "block looked at the socket while another thread held the lock"
+    sleeper.join(20)
+    assert woken == [True]
+    assert drain(router, 10) == [[b"d", b"frame"]]
