@@ -99,7 +99,7 @@ class Job:
             skipped = _BETWEEN.get((current, new))
             if skipped is None:
                 skipped = _BETWEEN[(current, new)] = tuple(states_between(current, new))
-            entered = [JobStatus(s, time=status.time) for s in skipped]
+            entered = [JobStatus(s, time=_entered_at(s, status)) for s in skipped]
             entered.append(status)
             self._status = status
             self._cv.notify_all()
@@ -142,3 +142,18 @@ class Job:
 
     def __repr__(self) -> str:
         return f"Job[id={self._id}, native_id={self._native_id}, {self._status}]"
+
+
+def _entered_at(skipped: JobState, status: JobStatus) -> float | None:
+    """When a state no status was sent for was entered: ACTIVE when the job's process started (a task
+    that started and ended between two reports is reported by its end, whose Delivered carries its
+    start), any other at the time of the status that skipped it."""
+    started = (status.metadata or {}).get("started") if skipped is JobState.ACTIVE else None
+    if (
+        isinstance(started, int | float)
+        and not isinstance(started, bool)
+        and status.time is not None
+        and started <= status.time
+    ):
+        return float(started)
+    return status.time

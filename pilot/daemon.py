@@ -2029,6 +2029,7 @@ class Daemon:
             "processes": sum(1 for slot in job.results if slot >= 0),
             "exit_code": exit_code,
             "signal": signal,
+            **({"started": job.started} if job.started is not None else {}),
             **(
                 {"tasks": [[t.group, t.task, t.node, t.cores, t.gpus] for t in job.sss.placement.tasks]}
                 if job.sss is not None and job.sss.placement is not None

@@ -139,6 +139,24 @@ def test_callbacks_see_queued_active_completed_once_in_order(start_pilot, tmp_pa
     assert (tmp_path / "fast.out").read_text() == "ran\n"
 
 
+def test_active_is_timed_when_the_process_started_also_for_an_instant_job(start_pilot) -> None:
+    """A task that starts and ends between two reports comes with its end alone; the ACTIVE the client
+    then enters is timed at the process's start (Delivered ``started``), not at its end."""
+    pilot = start_pilot()
+    ex = pilot.executor()
+    seen: dict[JobState, psij.JobStatus] = {}
+    job = psij.Job(psij.JobSpec(executable="/bin/true"))
+    job.set_job_status_callback(lambda _, status: seen.setdefault(status.state, status))
+    ex.submit(job)
+    done = final(job)
+    assert done.state is JobState.COMPLETED
+    started = done.metadata["started"]
+    active = seen[JobState.ACTIVE]
+    assert active.time == started, (active.time, started)
+    assert done.time is not None and started < done.time
+    assert done.time - started == pytest.approx(done.metadata["wall_duration"], abs=1e-6)
+
+
 def test_callbacks_stay_in_order_while_a_callback_is_busy(start_pilot, tmp_path: Path) -> None:
     """The QUEUED callback runs on the submitting thread; if it is still busy when the job's later
     states arrive, those must not overtake it: the executor callback still sees QUEUED first."""
