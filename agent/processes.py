@@ -43,6 +43,15 @@ _PRE_SCRIPT: Final = 'if [ -n "$1" ]; then . "$1" || exit $?; fi\nexec env -0 > 
 _POST_SCRIPT: Final = '. "$1"'
 
 
+def take_waiting(waiting: list[ProcessOrder], key: Key) -> ProcessOrder | None:
+    """Remove and return the order of ``key`` from orders that wait for their cores (a KILL or a
+    WITHDRAW of one not started), or None when none waits."""
+    for i, order in enumerate(waiting):
+        if (order.job_id, order.slot) == key:
+            return waiting.pop(i)
+    return None
+
+
 @dataclass(slots=True)
 class Running:
     order: ProcessOrder
@@ -253,9 +262,8 @@ class ProcessEngine:
         with self._lock:
             run = self._by_key.get(key)
             if run is None:
-                waiting = next((w for w in self._waiting if (w.job_id, w.slot) == key), None)
+                waiting = take_waiting(self._waiting, key)
                 if waiting is not None:
-                    self._waiting.remove(waiting)
                     self._report(Event(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False}))
                 elif self._pending_orders:
                     self._cancelled[key] = reason
@@ -282,10 +290,8 @@ class ProcessEngine:
         it ``withdrawn``; False when it is not waiting any more (started, being started, or unknown):
         then it runs here as ordered, and its events say so."""
         with self._lock:
-            waiting = next((w for w in self._waiting if (w.job_id, w.slot) == key), None)
-            if waiting is None:
+            if take_waiting(self._waiting, key) is None:
                 return False
-            self._waiting.remove(waiting)
             wake = self._report(Event(key[0], key[1], "withdrawn", time.time()))
         if wake:
             self._notify()

@@ -19,7 +19,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from agent.processes import Event, Key
+from agent.processes import Event, Key, take_waiting
 from pilot.model.process_order import ProcessOrder
 
 
@@ -97,18 +97,14 @@ class NullEngine:
             self._exit(key, run, exit_code=None, sig=int(sig))
             self._settle()
             return True
-        waiting = next((w for w in self._waiting if (w.job_id, w.slot) == key), None)
-        if waiting is None:
+        if take_waiting(self._waiting, key) is None:
             return False
-        self._waiting.remove(waiting)
         self._events.append(Event(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False}))
         return True
 
     def withdraw(self, key: Key) -> bool:
-        waiting = next((w for w in self._waiting if (w.job_id, w.slot) == key), None)
-        if waiting is None:
+        if take_waiting(self._waiting, key) is None:
             return False
-        self._waiting.remove(waiting)
         self._events.append(Event(key[0], key[1], "withdrawn", time.time()))
         return True
 

@@ -46,6 +46,7 @@ from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import PlannedProcess
 from pilot.lrm._batch import COMMON_OPTIONS
 from pilot.lrm.base import Allocation, AllocationState
+from pilot.model import process_order
 from pilot.model.job_description import DescriptionError, JobDescription
 from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
@@ -324,9 +325,11 @@ _VALID_ORDER = ProcessOrder(
     arguments=["a"],
     environment={"A": "1"},
     directory="/tmp",
+    stdout_path="out",
     cores=[0],
     walltime=5.0,
     nodefile_hosts=["h"],
+    after_cores=True,
 ).to_wire()
 
 
@@ -362,6 +365,50 @@ def test_process_order_from_wire_raises_only_protocol_error(raw_order: Any) -> N
     assert order.role in ("rank", "pre", "post")
     assert order.walltime is None or (math.isfinite(order.walltime) and order.walltime > 0), order.walltime
     assert ProcessOrder.from_wire(order.to_wire()) == order
+
+
+# ProcessOrder.from_wire's fast path (exact types, one pass) against its field-by-field check: it never
+# accepts what the full check refuses, and builds the same order from what both accept.
+
+_EDGE: list[Any] = [
+    None, True, False, 0, 1, -1, 2.5, 0.0, -3.0, math.nan, math.inf, "", "x", "rank", "pre", "post",
+    [], [1], [True], ["a"], ["a", 1], {}, {"A": "1"}, {"A": 1}, {1: "a"}, [["RLIMIT_CORE", 0, 0]],
+    [["RLIMIT_NOPE", 0, 0]],
+]  # fmt: skip
+
+
+@st.composite
+def _edge_orders(draw: st.DrawFn) -> Any:
+    """A valid order with up to five fields dropped or set to edge values of every type the fields
+    take (bool vs int, nan, wrong map keys, unknown limits), maybe an unknown field added."""
+    order = dict(_VALID_ORDER)
+    for name in draw(st.lists(st.sampled_from(sorted(order)), max_size=5, unique=True)):
+        if draw(st.booleans()):
+            del order[name]
+        else:
+            order[name] = draw(st.sampled_from(_EDGE))
+    if draw(st.integers(0, 9)) == 0:
+        order["unknown"] = 1
+    return order
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=3000, deadline=None)
+@given(_edge_orders())
+def test_the_fast_path_accepts_only_what_the_full_check_accepts_and_builds_the_same_order(raw: Any) -> None:
+    fast = process_order._from_wire_fast(raw)
+    try:
+        checked = ProcessOrder._from_wire_checked(raw)
+    except ProtocolError:
+        assert fast is None, f"the fast path accepted {raw!r}, which the full check refuses"
+        return
+    if fast is not None:
+        assert fast == checked
+
+
+def test_a_daemons_order_takes_the_fast_path() -> None:
+    # The orders a daemon sends (msgpack round trip: exact types) must not fall back to the slow path.
+    assert process_order._from_wire_fast(dict(_VALID_ORDER)) == ProcessOrder._from_wire_checked(dict(_VALID_ORDER))
 
 
 _VALID_NODE = NodeConfigured(
