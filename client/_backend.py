@@ -83,9 +83,14 @@ class Backend:
         can arrive, and returns the sink its statuses go to. Returns the time the pilot queued it.
         A submit that got no answer raises a transient SubmitException and is never sent again.
         Concurrent calls from several threads share frames (see ``Connection.submit``)."""
-        outcomes: builtins.list[Outcome] = []
-        self.submit_many([description], lambda _, native_id: on_id(native_id), lambda _, o: outcomes.append(o))
-        (outcome,) = outcomes
+        conn = self.connection  # a lone job: submit_many's batching, without its machinery
+        ticket = conn.submit([description], on_reply=functools.partial(_subscribe_one, conn, on_id))
+        body = conn.wait(ticket, timeout=self.request_timeout)
+        results = body.get("results")
+        if not isinstance(results, list) or len(results) != 1:
+            error = body.get("error") if "results" not in body else None
+            raise SubmitException(str(error) if error else f"malformed reply from the pilot: {str(body)[:200]}")
+        outcome = _outcome(results[0])
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
@@ -212,6 +217,14 @@ def _subscribe(conn: Connection, on_id: Callable[[int, str], StatusSink], start:
         if isinstance(result, dict) and "id" in result:
             native_id = str(result["id"])
             conn.subscribe(native_id, on_id(start + i, native_id))
+
+
+def _subscribe_one(conn: Connection, on_id: Callable[[str], StatusSink], body: dict[str, Any]) -> None:
+    """A lone submit's reply hook (reader): follow the job before any of its statuses is read."""
+    results = body.get("results")
+    if isinstance(results, list) and results and isinstance(results[0], dict) and "id" in results[0]:
+        native_id = str(results[0]["id"])
+        conn.subscribe(native_id, on_id(native_id))
 
 
 def _outcome(result: Any) -> Outcome:

@@ -1,12 +1,15 @@
-"""One connection per process and daemon: a DEALER socket owned by an I/O thread.
+"""One connection per process and daemon: a DEALER socket read by one of two worker threads.
 
 Callers on any thread send their request themselves when nothing is waiting to go before it and no
 other thread is sending (the socket is used under a lock: a full memory barrier, as ZeroMQ asks of a
-socket used from several threads); otherwise they hand it to the I/O thread (a queue plus a
-self-pipe). Either way they wait on their reply, at most ``timeout`` seconds (the executor's
-``request_timeout``). Only the I/O thread reads: replies, and status batches that go to a dispatch
-thread that updates jobs and runs user callbacks, so a slow callback never stalls the socket. A lone
-request therefore costs no thread hand-off on its way out.
+socket used from several threads); otherwise they hand it to the reader, the I/O thread of the
+moment (a queue plus a self-pipe). Either way they wait on their reply, at most ``timeout`` seconds
+(the executor's ``request_timeout``). Only the reader reads: replies, and status batches. Two workers
+share the work, leader/follower: the one that read a batch when nobody is delivering hands the
+reader's turn to the other and runs the sinks itself (job updates, user callbacks), so a status
+reaches its callbacks with no thread hand-off, and a slow callback never stalls the socket; batches
+read meanwhile wait for it, in order, and callbacks run one at a time. A lone request costs no thread
+hand-off on its way out either.
 
 Group submit: SUBMIT requests that wait in the outbox together (from ``submit_all``'s pipelined
 requests, or from several threads calling ``submit()`` while the previous frame is in flight) leave in
@@ -37,7 +40,6 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-import queue
 import threading
 import time
 from collections import deque
@@ -96,6 +98,29 @@ class RequestTimeout(SubmitException):
     request was sent."""
 
 
+class _Done:
+    """Set once, when a request is answered or lost: a lock held until then. Its one waiter takes and
+    gives back the lock; threading.Event's condition costs several times more to make, set and wait."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        self._lock.release()
+
+    def is_set(self) -> bool:
+        return not self._lock.locked()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._lock.acquire(timeout=-1 if timeout is None else min(timeout, threading.TIMEOUT_MAX)):
+            return False
+        self._lock.release()
+        return True
+
+
 class _Pending:
     __slots__ = ("body", "done", "frame", "internal", "jobs", "kind", "lost", "on_reply", "sent")
 
@@ -111,7 +136,7 @@ class _Pending:
         self.kind = kind
         self.frame = frame  # empty for a submit: its jobs are encoded at send time, with those they travel with
         self.jobs = jobs  # a submit's job descriptions
-        self.done = threading.Event()
+        self.done = _Done()
         self.body: dict[str, Any] | None = None
         self.lost: str | None = None  # set instead of body when the request cannot be answered
         self.on_reply = on_reply
@@ -202,7 +227,7 @@ class Connection:
         self._rids = itertools.count(1)
         self._lock = threading.Lock()
         #: Held for every use of the socket (send, receive, events, close). Taken before ``_lock`` when
-        #: both are held. The I/O thread polls the socket's FD, not the socket, so it never uses the
+        #: both are held. The reader polls the socket's FD, not the socket, so it never uses the
         #: socket without it.
         self._sock_lock = threading.Lock()
         #: The connection a caller may send on directly: up, and its re-attach sent (I/O thread sets it,
@@ -213,8 +238,20 @@ class Connection:
         #: Submits sent together in one frame: the frame's rid -> its members, in order (I/O thread only).
         self._groups: dict[int, list[tuple[int, _Pending]]] = {}
         self._sinks: dict[str, list[StatusSink]] = {}
-        # Batches of (status, the sinks it goes to), for the dispatch thread; None stops it.
-        self._statuses: queue.SimpleQueue[list[tuple[list[Any], list[StatusSink]]] | None] = queue.SimpleQueue()
+        #: Batches of (status, the sinks it goes to) read and not delivered yet, in order (the reader
+        #: appends, the worker delivering takes them under ``_lock``).
+        self._ready: deque[list[tuple[list[Any], list[StatusSink]]]] = deque()
+        self._delivering = False  # a worker is running callbacks (under ``_lock``)
+        #: The reader's turn: held by the worker that reads the socket. Releasing it wakes the other.
+        self._reading = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self._stopped = False  # the reader has closed the socket for good (set with ``_reading`` held)
+        self._link: _Link | None = None  # the reader's state from one turn to the next
+        self._poller = zmq.Poller()
+        self._blocked = False  # the socket refused a send (high-water mark): send again when it can take more
+        self._retry_at = 0.0
+        self._backoff = _RETRY_MIN
+        self._check_at = 0.0
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._wfd, False)
         self._closed = False
@@ -222,10 +259,12 @@ class Connection:
         self._dead: str | None = None  # why no daemon is running, while the I/O thread finds none
         self.connects = 0  # connections made so far (1 + reconnections)
         self.submit_frames = 0  # SUBMIT frames handed to a socket (several submits may share one)
-        self._io = threading.Thread(target=self._io_loop, name="pilot-client-io", daemon=True)
-        self._dispatch = threading.Thread(target=self._dispatch_loop, name="pilot-client-callbacks", daemon=True)
-        self._io.start()
-        self._dispatch.start()
+        self._poller.register(self._rfd, zmq.POLLIN)
+        self._workers = tuple(
+            threading.Thread(target=self._work, name=f"pilot-client-{i}", daemon=True) for i in (1, 2)
+        )
+        for worker in self._workers:
+            worker.start()
 
     @property
     def closed(self) -> bool:
@@ -352,12 +391,12 @@ class Connection:
             return
         self._closed = True
         self._wake()
-        if threading.current_thread() is not self._io:
-            self._io.join(timeout=5)
-        self._statuses.put(None)
-        if threading.current_thread() is not self._dispatch:
-            self._dispatch.join(timeout=5)
-        if not self._io.is_alive():
+        me = threading.current_thread()
+        if self._reader is not me:  # else called from a reply hook: the reader stops after this turn
+            for worker in self._workers:
+                if worker is not me:  # a callback closing it: its worker goes on delivering, then ends
+                    worker.join(timeout=5)
+        if self._stopped:
             os.close(self._rfd)
             os.close(self._wfd)
 
@@ -405,87 +444,142 @@ class Connection:
             "and this executor reconnects by itself"
         )
 
-    # -- I/O thread ---------------------------------------------------------------------------------
+    # -- the workers: one reads, the other delivers -------------------------------------------------
 
-    def _io_loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._rfd, zmq.POLLIN)
-        link: _Link | None = None
-        blocked = False  # the socket refused a send (high-water mark): send again when it can take more
-        retry_at = 0.0
-        backoff = _RETRY_MIN
-        check_at = 0.0
+    def _work(self) -> None:
+        """One of two workers (leader/follower). The one holding the reader's turn reads the socket; when
+        it has read statuses and nobody is delivering, it hands the turn to the other (releasing the
+        lock wakes it) and runs the callbacks itself: a status reaches them with no thread hand-off on
+        its way, and a slow callback still never stalls the socket."""
+        while True:
+            with self._reading:
+                if self._stopped:
+                    return
+                self._reader = threading.current_thread()
+                try:
+                    deliver = self._read()
+                finally:
+                    self._reader = None
+                if not deliver:
+                    return
+            self._deliver()
+
+    def _read(self) -> bool:
+        """Turns of the reader until there are statuses to deliver and nobody delivering (True, this
+        worker is now the one delivering), or the connection is closed (False)."""
         try:
             while not self._closed:
-                now = time.monotonic()
-                if link is None and now >= retry_at:
-                    retry_at = now + backoff
-                    if self._daemon_gone():
-                        self._dead = self._not_running_message()
-                        self._fail(lambda p: f"{self._dead}; the {p.kind} request was not sent", sent_only=False)
-                    else:
-                        try:
-                            link = _Link(self._ctx, self.url, self._credentials)
-                        except zmq.ZMQError as exc:
-                            log.warning("cannot open a socket to the pilot", url=self.url, error=str(exc))
-                            backoff = min(backoff * 2, _RETRY_MAX)
-                        else:
-                            poller.register(link.fd, zmq.POLLIN)
-                            poller.register(link.mon, zmq.POLLIN)
-                if link is None:
-                    wait = retry_at - now
-                elif not link.up:
-                    wait = link.deadline - now
+                self._turn()
+                if self._ready and not self._delivering and self._claim():
+                    return True
+        except BaseException:
+            self._stop()
+            raise
+        self._stop()
+        return self._claim()  # what the last turns read is still delivered
+
+    def _claim(self) -> bool:
+        """Become the worker delivering, if there is something to deliver and nobody delivers it."""
+        with self._lock:
+            if not self._ready or self._delivering:
+                return False
+            self._delivering = True
+            return True
+
+    def _stop(self) -> None:
+        """The reader's last act: close the socket, fail what still waits."""
+        link, self._link = self._link, None
+        if link is not None:
+            with self._sock_lock:
+                self._live = None
+                link.close()
+        self._fail(lambda p: "the connection to the pilot is closed", sent_only=False)
+        self._stopped = True
+
+    def _turn(self) -> None:
+        """One turn of the reader: (re)connect, wait for input, read, watch the link, send the outbox."""
+        poller = self._poller
+        link = self._link
+        now = time.monotonic()
+        if link is None and now >= self._retry_at:
+            self._retry_at = now + self._backoff
+            if self._daemon_gone():
+                self._dead = self._not_running_message()
+                self._fail(lambda p: f"{self._dead}; the {p.kind} request was not sent", sent_only=False)
+            else:
+                try:
+                    link = self._link = _Link(self._ctx, self.url, self._credentials)
+                except zmq.ZMQError as exc:
+                    log.warning("cannot open a socket to the pilot", url=self.url, error=str(exc))
+                    self._backoff = min(self._backoff * 2, _RETRY_MAX)
                 else:
-                    wait = _LIVENESS_INTERVAL if self._pending else 1.0
-                if link is not None and self._due(link, blocked=blocked):
-                    wait = 0  # ZeroMQ's FD signals changes only: what is already there must be seen now
-                ready = dict(poller.poll(max(0, int(wait * 1000))))
-                if self._rfd in ready:
-                    os.read(self._rfd, 65536)
-                if link is None:
-                    continue
-                self._receive(link)
-                came_up, down = self._link_events(link) if link.mon in ready else (False, False)
-                now = time.monotonic()
-                if not down and not link.up and now >= link.deadline:
-                    down = True
-                if not down and link.up and self._pending and now >= check_at:
-                    check_at = now + _LIVENESS_INTERVAL
-                    down = self._daemon_gone()  # belt and braces: the monitor normally says so first
-                if down:
-                    self._receive(link)  # what the daemon sent before it went
-                    was_up = link.up
-                    poller.unregister(link.fd)
-                    poller.unregister(link.mon)
-                    with self._sock_lock:
-                        self._live = None
-                        link.close()
-                    link = None
-                    blocked = False
-                    if was_up:
-                        log.warning("lost the pilot", url=self.url)
-                        backoff = _RETRY_MIN
-                        retry_at = now  # look at the run directory right away
-                    else:
-                        backoff = min(backoff * 2, _RETRY_MAX)
-                    self._fail(lambda p: self._lost_message(p.kind), sent_only=True)
-                    continue
-                if came_up:
-                    self._dead = None
-                    backoff = _RETRY_MIN
-                    self.connects += 1
-                    if self.connects > 1:
-                        log.info("reconnected to the pilot", url=self.url)
-                    self._queue_reattach()
-                if link.up and (self._outbox or self._live is not link):  # else nothing to send, nor to set
-                    blocked = not self._send(link)
-        finally:
-            if link is not None:
-                with self._sock_lock:
-                    self._live = None
-                    link.close()
-            self._fail(lambda p: "the connection to the pilot is closed", sent_only=False)
+                    poller.register(link.fd, zmq.POLLIN)
+                    poller.register(link.mon, zmq.POLLIN)
+        if link is None:
+            wait = self._retry_at - now
+        elif not link.up:
+            wait = link.deadline - now
+        else:
+            wait = _LIVENESS_INTERVAL if self._pending else 1.0
+        if link is not None and self._due(link, blocked=self._blocked):
+            wait = 0  # ZeroMQ's FD signals changes only: what is already there must be seen now
+        ready = dict(poller.poll(max(0, int(wait * 1000))))
+        if self._rfd in ready:
+            os.read(self._rfd, 65536)
+        if link is None:
+            return
+        self._receive(link)
+        came_up, down = self._link_events(link) if link.mon in ready else (False, False)
+        now = time.monotonic()
+        if not down and not link.up and now >= link.deadline:
+            down = True
+        if not down and link.up and self._pending and now >= self._check_at:
+            self._check_at = now + _LIVENESS_INTERVAL
+            down = self._daemon_gone()  # belt and braces: the monitor normally says so first
+        if down:
+            self._receive(link)  # what the daemon sent before it went
+            was_up = link.up
+            poller.unregister(link.fd)
+            poller.unregister(link.mon)
+            with self._sock_lock:
+                self._live = None
+                link.close()
+            self._link = None
+            self._blocked = False
+            if was_up:
+                log.warning("lost the pilot", url=self.url)
+                self._backoff = _RETRY_MIN
+                self._retry_at = now  # look at the run directory right away
+            else:
+                self._backoff = min(self._backoff * 2, _RETRY_MAX)
+            self._fail(lambda p: self._lost_message(p.kind), sent_only=True)
+            return
+        if came_up:
+            self._dead = None
+            self._backoff = _RETRY_MIN
+            self.connects += 1
+            if self.connects > 1:
+                log.info("reconnected to the pilot", url=self.url)
+            self._queue_reattach()
+        if link.up and (self._outbox or self._live is not link):  # else nothing to send, nor to set
+            self._blocked = not self._send(link)
+
+    def _deliver(self) -> None:
+        """Run the sinks of every batch read, in order, until none is left (then another worker may
+        deliver). Statuses read meanwhile by the other worker are queued for this one."""
+        ready = self._ready
+        while True:
+            with self._lock:
+                if not ready:
+                    self._delivering = False
+                    return
+                batch = ready.popleft()
+            for status, sinks in batch:
+                for sink in sinks:
+                    try:
+                        sink(status)
+                    except Exception:
+                        log.exception("status callback failed", job=status[0])
 
     def _link_events(self, link: _Link) -> tuple[bool, bool]:
         """(came up, went down) from the link's monitor events."""
@@ -645,7 +739,7 @@ class Connection:
                     del self._sinks[job_id]
                 out.append((status, list(sinks)))
         if out:
-            self._statuses.put(out)
+            self._ready.append(out)
 
     def _receive(self, link: _Link) -> None:
         frames: list[bytes] = []
@@ -678,7 +772,7 @@ class Connection:
                 if pending is None:  # unknown, or its caller gave up waiting
                     continue
                 if statuses:  # in order: what this reply's hook queues goes after the events read before it
-                    self._statuses.put(statuses)
+                    self._ready.append(statuses)
                     statuses = []
                 if pending.on_reply is not None:
                     try:
@@ -688,7 +782,7 @@ class Connection:
                 pending.body = body
                 pending.done.set()
         if statuses:
-            self._statuses.put(statuses)
+            self._ready.append(statuses)
 
     def _route(self, events: list[list[Any]], out: list[tuple[list[Any], list[StatusSink]]]) -> None:
         """Pair each status with its job's sinks now, on the I/O thread: the sinks a job has when its
@@ -702,20 +796,6 @@ class Connection:
                 if status[1] in _FINAL:
                     del self._sinks[job_id]
                 out.append((status, list(sinks)))
-
-    # -- dispatch thread ----------------------------------------------------------------------------
-
-    def _dispatch_loop(self) -> None:
-        while True:
-            batch = self._statuses.get()
-            if batch is None:
-                return
-            for status, sinks in batch:
-                for sink in sinks:
-                    try:
-                        sink(status)
-                    except Exception:
-                        log.exception("status callback failed", job=status[0])
 
 
 def _events(link: _Link) -> int:

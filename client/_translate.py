@@ -31,28 +31,48 @@ def spec_to_wire(spec: Any) -> dict[str, Any]:
         seconds = None
     else:
         raise InvalidJobException(f"JobAttributes.duration must be a timedelta, not {type(duration).__name__}")
-    custom = dict(getattr(attrs, "custom_attributes", None) or {}) if attrs is not None else {}
-    return {
-        "executable": str(spec.executable),
-        "arguments": [str(a) for a in (spec.arguments or [])],
-        "directory": _opt_str(spec.directory),
-        "name": _opt_str(getattr(spec, "name", None)),
-        "inherit_environment": bool(spec.inherit_environment),
-        "environment": {str(k): str(v) for k, v in env.items()},
-        "stdin_path": _opt_str(spec.stdin_path),
-        "stdout_path": _opt_str(spec.stdout_path),
-        "stderr_path": _opt_str(spec.stderr_path),
-        "pre_launch": _opt_str(spec.pre_launch),
-        "post_launch": _opt_str(spec.post_launch),
-        "launcher": spec.launcher or None,
-        "resources": _resources(spec.resources),
-        "duration": seconds,
-        "queue_name": getattr(attrs, "queue_name", None),
-        "project_name": getattr(attrs, "account", None) or getattr(attrs, "project_name", None),
-        "reservation_id": getattr(attrs, "reservation_id", None),
-        "custom_attributes": {str(k): v if isinstance(v, _SCALARS) else str(v) for k, v in custom.items()},
-        "submit_directory": os.getcwd(),
-    }
+    custom = getattr(attrs, "custom_attributes", None) if attrs is not None else None
+    # Only what differs from the pilot's defaults (None, empty, inherit the environment): every key
+    # sent is encoded here, decoded and checked by the daemon and journaled with the job.
+    description: dict[str, Any] = {"executable": str(spec.executable)}
+    if spec.arguments:
+        description["arguments"] = [str(a) for a in spec.arguments]
+    _put(description, "directory", spec.directory)
+    _put(description, "name", getattr(spec, "name", None))
+    if not spec.inherit_environment:
+        description["inherit_environment"] = False
+    if env:
+        description["environment"] = {str(k): str(v) for k, v in env.items()}
+    _put(description, "stdin_path", spec.stdin_path)
+    _put(description, "stdout_path", spec.stdout_path)
+    _put(description, "stderr_path", spec.stderr_path)
+    _put(description, "pre_launch", spec.pre_launch)
+    _put(description, "post_launch", spec.post_launch)
+    if spec.launcher:
+        description["launcher"] = spec.launcher
+    if spec.resources is not None:
+        description["resources"] = _resources(spec.resources)
+    if seconds is not None:
+        description["duration"] = seconds
+    if attrs is not None:
+        for key, value in (
+            ("queue_name", getattr(attrs, "queue_name", None)),
+            ("project_name", getattr(attrs, "account", None) or getattr(attrs, "project_name", None)),
+            ("reservation_id", getattr(attrs, "reservation_id", None)),
+        ):
+            if value is not None:
+                description[key] = value
+    if custom:
+        description["custom_attributes"] = {
+            str(k): v if isinstance(v, _SCALARS) else str(v) for k, v in dict(custom).items()
+        }
+    description["submit_directory"] = os.getcwd()
+    return description
+
+
+def _put(description: dict[str, Any], key: str, value: Any) -> None:
+    if value is not None:
+        description[key] = str(value)
 
 
 def _opt_str(value: Any) -> str | None:

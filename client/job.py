@@ -20,17 +20,23 @@ if TYPE_CHECKING:
 log = structlog.get_logger("client")
 
 JobStatusCallback = Callable[["Job", JobStatus], None]
-#: states_between, once per pair of states (it runs for every status of every job).
-_BETWEEN: dict[tuple[JobState, JobState], tuple[JobState, ...]] = {}
+#: For each (current, new) pair of states, the states skipped on the way (states_between), or None when
+#: ``new`` is no advance: computed once, as it is looked up for every status of every job.
+_STEPS: dict[tuple[JobState, JobState], tuple[JobState, ...] | None] = {
+    (old, new): tuple(states_between(old, new)) if not old.final and new.is_greater_than(old) else None
+    for old in JobState
+    for new in JobState
+}
 
 
 class Job:
     def __init__(self, spec: JobSpec | None = None) -> None:
         self.spec = spec
-        self._id = str(uuid.uuid4())
+        self._id: str | None = None  # made when first asked for: most jobs are never asked
         self._native_id: str | None = None
         self._status = JobStatus(JobState.NEW)
         self._cv = threading.Condition()
+        self._waiting = 0  # threads in wait(): a status notifies only when there are some
         self._callback: JobStatusCallback | None = None
         self._to_fire: list[JobStatus] = []  # entered, not yet given to the callbacks
         self._firing = False
@@ -38,7 +44,13 @@ class Job:
 
     @property
     def id(self) -> str:
-        return self._id
+        job_id = self._id
+        if job_id is None:
+            with self._cv:
+                if self._id is None:
+                    self._id = str(uuid.uuid4())
+                job_id = self._id
+        return job_id
 
     @property
     def native_id(self) -> str | None:
@@ -85,24 +97,25 @@ class Job:
             return s.final or any(s is t or s.is_greater_than(t) for t in targets)
 
         with self._cv:
-            if not self._cv.wait_for(reached, timeout):
-                return None
+            self._waiting += 1
+            try:
+                if not self._cv.wait_for(reached, timeout):
+                    return None
+            finally:
+                self._waiting -= 1
             return self._status
 
     def _update(self, status: JobStatus) -> list[JobStatus]:
         """Apply a status; returns the statuses entered, skipped ones synthesised. Never goes back."""
         with self._cv:
-            current = self._status.state
-            new = status.state
-            if current.final or not new.is_greater_than(current):
-                return []
-            skipped = _BETWEEN.get((current, new))
+            skipped = _STEPS[(self._status.state, status.state)]
             if skipped is None:
-                skipped = _BETWEEN[(current, new)] = tuple(states_between(current, new))
-            entered = [JobStatus(s, time=_entered_at(s, status)) for s in skipped]
+                return []
+            entered = [JobStatus(s, time=_entered_at(s, status)) for s in skipped] if skipped else []
             entered.append(status)
             self._status = status
-            self._cv.notify_all()
+            if self._waiting:
+                self._cv.notify_all()
         return entered
 
     def _fire(self, entered: list[JobStatus]) -> None:
@@ -123,25 +136,30 @@ class Job:
 
     def _set_status(self, status: JobStatus) -> None:
         """Apply ``status`` and run the callbacks for every state entered, strictly in order: statuses
-        arrive on two threads (QUEUED on the submitting one, the rest on the dispatch thread), so one
-        thread at a time fires what is queued and the other leaves its states to it. No lock is held
-        while a callback runs (a callback may call ``wait``)."""
+        arrive on two threads (QUEUED on the submitting one, the rest on the connection's delivering
+        worker), so one thread at a time fires what is queued and the other leaves its states to it. No
+        lock is held while a callback runs (a callback may call ``wait``)."""
         with self._cv:
             self._to_fire.extend(self._update(status))
+            if self._firing or not self._to_fire:
+                return
+            batch, self._to_fire = self._to_fire, []
+            self._firing = True
         while True:
-            with self._cv:
-                if self._firing or not self._to_fire:
-                    return
-                batch, self._to_fire = self._to_fire, []
-                self._firing = True
             try:
                 self._fire(batch)
-            finally:
+            except BaseException:
                 with self._cv:
                     self._firing = False
+                raise
+            with self._cv:
+                if not self._to_fire:
+                    self._firing = False
+                    return
+                batch, self._to_fire = self._to_fire, []
 
     def __repr__(self) -> str:
-        return f"Job[id={self._id}, native_id={self._native_id}, {self._status}]"
+        return f"Job[id={self.id}, native_id={self._native_id}, {self._status}]"
 
 
 def _entered_at(skipped: JobState, status: JobStatus) -> float | None:

@@ -423,4 +423,4 @@ def test_closing_the_last_executor_joins_the_connection_threads(start_pilot: Cal
     assert final(job).state is psij.JobState.COMPLETED
     second.close()
     assert conn.closed
-    assert not conn._io.is_alive() and not conn._dispatch.is_alive()
+    assert not any(worker.is_alive() for worker in conn._workers)

@@ -182,6 +182,69 @@ def test_callbacks_stay_in_order_while_a_callback_is_busy(start_pilot, tmp_path:
     assert (tmp_path / "out").read_text() == "ran\n"
 
 
+@pytest.mark.timeout(60)
+def test_a_blocked_callback_stalls_neither_the_socket_nor_the_order(start_pilot, tmp_path: Path) -> None:
+    """The worker that read a status runs its callbacks and the other one reads meanwhile: while an
+    executor callback is blocked, replies still arrive (submit from the callback itself and from
+    another thread, list), and the statuses read meanwhile wait their turn, each job's in order."""
+    pilot = start_pilot(TWO_CORES)
+    ex = pilot.executor()
+    gate = threading.Event()
+    seen: list[tuple[str | None, JobState]] = []
+    inner: list[psij.Job] = []
+    first = psij.Job(sh("true"))
+
+    def cb(job: psij.Job, status: psij.JobStatus) -> None:
+        seen.append((job.native_id, status.state))
+        if job is first and status.state is JobState.COMPLETED:
+            follow = psij.Job(sh(f"echo inner > {tmp_path / 'inner.out'}"))
+            ex.submit(follow)  # its reply is read by the other worker while this one is here
+            inner.append(follow)
+            assert gate.wait(WAIT)
+
+    ex.set_job_status_callback(cb)
+    ex.submit(first)
+    assert first.wait(timeout=WAIT) is not None
+    wait_for(lambda: bool(inner), timeout=WAIT)  # the callback is now blocked on the gate
+    other = psij.Job(sh(f"echo other > {tmp_path / 'other.out'}"))
+    ex.submit(other)  # replies still come while a callback is blocked
+    assert other.native_id in ex.list()
+    wait_for(lambda: (tmp_path / "other.out").exists() and (tmp_path / "inner.out").exists(), timeout=WAIT)
+    assert [s for n, s in seen if n == other.native_id] == [JobState.QUEUED]  # only the submitter's so far
+    gate.set()
+    for job in (first, inner[0], other):
+        assert final(job).state is JobState.COMPLETED
+    wait_for(lambda: sum(1 for _, s in seen if s is JobState.COMPLETED) == 3, timeout=WAIT)
+    for job in (first, inner[0], other):
+        assert [s for n, s in seen if n == job.native_id] == [JobState.QUEUED, JobState.ACTIVE, JobState.COMPLETED]
+
+
+@pytest.mark.timeout(60)
+def test_closing_from_a_callback_ends_both_workers(start_pilot) -> None:
+    """A callback may close the executor: the worker running it goes on delivering, the reader stops,
+    and both threads end."""
+    pilot = start_pilot()
+    ex = psij.JobExecutor.get_instance("pilot", url=str(pilot.rundir.path))
+    closed = threading.Event()
+
+    def cb(job: psij.Job, status: psij.JobStatus) -> None:
+        if status.state is JobState.COMPLETED:
+            ex.close()
+            closed.set()
+
+    ex.set_job_status_callback(cb)
+    job = psij.Job(sh("true"))
+    ex.submit(job)
+    conn = ex._backend._conn
+    assert conn is not None
+    assert closed.wait(WAIT)
+    assert final(job).state is JobState.COMPLETED
+    for worker in conn._workers:
+        worker.join(timeout=10)
+        assert not worker.is_alive()
+    assert conn.closed
+
+
 def test_raising_callback_does_not_break_the_job(start_pilot, tmp_path: Path) -> None:
     """A callback that raises is the caller's bug: submit still succeeds, the job still runs, and the
     other callback still sees every state (psij-python logs such exceptions and goes on)."""
