@@ -269,6 +269,8 @@ class Agent:
 
     def _send_out(self) -> None:
         """Send what is queued; what the socket cannot take now stays queued, in order."""
+        if not self._out:
+            return
         sent = 0
         for frame in self._out:
             try:
@@ -290,10 +292,12 @@ class Agent:
             return
         # A process that started and exited within one batch is reported by its exit alone (it carries
         # the start time): fewer events for short tasks, and the client synthesises ACTIVE.
-        exited = {(e.job_id, e.slot) for e in events if e.kind == "exited"}
+        exited: set[Key] | None = None
         out = []
         for ev in events:
             if ev.kind == "started":
+                if exited is None:
+                    exited = {(e.job_id, e.slot) for e in events if e.kind == "exited"}
                 if (ev.job_id, ev.slot) in exited:
                     continue
                 deadline = self._engine.deadline((ev.job_id, ev.slot))

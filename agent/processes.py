@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +62,7 @@ class Running:
     env: dict[str, str] | None = None  # a pre process's environment before its script ran
     reason: str | None = None  # why the agent signalled it (walltime, canceled, ...)
     peak_tree_rss: int = 0
+    start_event: Event | None = None  # its ``started`` event, which its exit makes redundant (_finish)
 
 
 @dataclass(slots=True)
@@ -102,7 +102,7 @@ class ProcessEngine:
         self._by_key: dict[Key, Running] = {}
         self._early: dict[int, tuple[int, Any, float]] = {}
         self._cancelled: dict[Key, str] = {}
-        self._core_users: Counter[int] = Counter()
+        self._core_users: dict[int, int] = {}  # core -> processes (running, or handed to a spawner) on it
         self._waiting: list[ProcessOrder] = []
         self._events: list[Event] = []
         self._held_since: float | None = None  # monotonic start of the oldest held ``started`` event
@@ -119,12 +119,13 @@ class ProcessEngine:
         self._pending_orders = 0
         #: Orders accepted and not yet started or failed: a key leaves this set only in the same locked
         #: step that records its first event, so :meth:`snapshot` never misses a process.
-        self._pending_keys: Counter[Key] = Counter()
+        self._pending_keys: dict[Key, int] = {}
         self._nodefiles: dict[tuple[str, ...], str] = {}
         self._nodefiles_lock = threading.Lock()
         self._all_cpus = sorted(os.sched_getaffinity(0))
         self._cwd = os.getcwd()  # the agent's; spawner threads each have their own (see _own_cwd)
         self._devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        self._null_actions = [(os.POSIX_SPAWN_DUP2, self._devnull, i) for i in range(3)]  # (_NO_STREAMS)
         self._fds_sealed = 0.0  # monotonic time of the last _seal_fds
         _seal_fds()
         self._base_env = environment.inherited()
@@ -143,22 +144,29 @@ class ProcessEngine:
         """Queue orders for the spawner. One marked ``after_cores`` waits here until no process this
         agent runs (or was told to run) uses its cores: the daemon placed it behind them."""
         with self._lock:
+            users = self._core_users
             for order in orders:
-                if order.after_cores and any(self._core_users[c] for c in order.cores):
+                if order.after_cores and any(users.get(c) for c in order.cores):
                     self._waiting.append(order)
                 else:
                     self._accept(order)
 
     def _accept(self, order: ProcessOrder) -> None:
         # Called with the lock held.
-        for c in order.cores:
-            self._core_users[c] += 1
+        users = self._core_users
+        cores = order.cores
+        for c in cores:
+            users[c] = users.get(c, 0) + 1
         self._pending_orders += 1
         self._handoffs += 1
-        self._pending_keys[(order.job_id, order.slot)] += 1
-        cpus = {self._cpu_map.get(c, c) for c in order.cores}
-        if len(cpus) == 1 and not self._stopping:
-            (cpu,) = cpus
+        key = (order.job_id, order.slot)
+        self._pending_keys[key] = self._pending_keys.get(key, 0) + 1
+        if len(cores) == 1:
+            cpu: int | None = self._cpu_map.get(cores[0], cores[0])
+        else:
+            cpus = {self._cpu_map.get(c, c) for c in cores}
+            cpu = cpus.pop() if len(cpus) == 1 else None
+        if cpu is not None and not self._stopping:
             pinned = self._pinned.get(cpu)
             if pinned is None and len(self._pinned) < _MAX_PINNED and cpu in self._all_cpus:
                 queue: SimpleQueue[ProcessOrder | None] = SimpleQueue()
@@ -184,13 +192,14 @@ class ProcessEngine:
     def _free(self, order: ProcessOrder) -> bool:
         """Free the order's cores and hand the orders that waited on them to their spawners (the lock
         held); True if any."""
+        users = self._core_users
         for c in order.cores:
-            self._core_users[c] -= 1
+            users[c] -= 1
         if not self._waiting:
             return False
         still = []
         for w in self._waiting:
-            if any(self._core_users[c] for c in w.cores):
+            if any(users.get(c) for c in w.cores):
                 still.append(w)
             else:
                 self._accept(w)
@@ -231,8 +240,10 @@ class ProcessEngine:
         started: _report): the cores stay busy meanwhile, and the daemon gets the exits of a burst in one
         message (and answers with one batch of orders) instead of one each; an agent with no queued work
         reports at once."""
-        now = time.monotonic()
         with self._lock:
+            if not self._events:  # (then nothing is held either: the fields below are reset)
+                return []
+            now = time.monotonic()
             since = self._report_since
             if (
                 since is not None
@@ -396,8 +407,10 @@ class ProcessEngine:
         """The order is no longer being started (the lock held): it runs, or it never will."""
         self._pending_orders -= 1
         key = (order.job_id, order.slot)
-        self._pending_keys[key] -= 1
-        if self._pending_keys[key] <= 0:
+        left = self._pending_keys[key] - 1
+        if left:
+            self._pending_keys[key] = left
+        else:
             del self._pending_keys[key]
 
     def _spawn(self, order: ProcessOrder, spawner: _Spawner) -> bool:
@@ -405,62 +418,54 @@ class ProcessEngine:
         key = (order.job_id, order.slot)
         with self._lock:
             self._handoffs -= 1
-            cancelled = self._cancelled.pop(key, None)
+            cancelled = self._cancelled.pop(key, None) if self._cancelled else None
             wake, self._wake_owed = self._wake_owed, False
         if wake:  # the hand-off that mattered is done (see _report)
             self._notify()
         if cancelled is not None:
             self._emit(Event(order.job_id, order.slot, "exited", time.time(), {"reason": cancelled, "spawned": False}))
             return False
-        cwd = os.path.join(self._cwd, os.path.expanduser(order.directory)) if order.directory else self._cwd
-        extra = dict(order.rank_environment)
-        extra["PILOT_NODE"] = self._node.name  # the node that really started it (SSS Task <Node>)
-        if order.nodefile_hosts is not None:
-            extra["PSIJ_NODEFILE"] = self._nodefile(order.nodefile_hosts)
-        extra.update(environment.gpu_environment(order.gpus, node_has_gpus=bool(self._node.gpus)))
-        env = environment.build(
-            inherit=order.inherit_environment,
-            base=self._base_env,
-            job=order.environment,
-            pre=order.pre_environment,
-            pre_unset=order.pre_unset,
-            extra=extra,
-        )
+        cwd = spawner.dirs.get(order.directory)
+        if cwd is None:
+            directory = order.directory
+            cwd = os.path.join(self._cwd, os.path.expanduser(directory)) if directory else self._cwd
+            if len(spawner.dirs) < _DIRS_KEPT:
+                spawner.dirs[directory] = cwd
+        env = self._environment(order)
         env_file = None
-        script = os.path.join(cwd, os.path.expanduser(order.script)) if order.script else ""
         if order.role == "rank":
             argv = [environment.substitute(order.executable, env)]
-            argv += [environment.substitute(a, env) for a in order.arguments]
-        elif order.role == "pre":
-            env_file = str(self._workdir / f"pre-{order.job_id}.env")
-            argv = ["/bin/sh", "-c", _PRE_SCRIPT, "pilot-pre", script, env_file]
+            if order.arguments:
+                argv += [environment.substitute(a, env) for a in order.arguments]
         else:
-            argv = ["/bin/sh", "-c", _POST_SCRIPT, "pilot-post", script]
+            script = os.path.join(cwd, os.path.expanduser(order.script)) if order.script else ""
+            if order.role == "pre":
+                env_file = str(self._workdir / f"pre-{order.job_id}.env")
+                argv = ["/bin/sh", "-c", _PRE_SCRIPT, "pilot-pre", script, env_file]
+            else:
+                argv = ["/bin/sh", "-c", _POST_SCRIPT, "pilot-post", script]
         files: list[int] = []
         try:
-            stdin = self._open(order.stdin_path, cwd, "rb", files, "stdin_path")
-            mode = "wb" if order.truncate_output else "ab"
-            stdout = self._open(order.stdout_path, cwd, mode, files, "stdout_path")
-            if order.stderr_path is not None and order.stderr_path == order.stdout_path:
-                stderr = stdout
+            if order.stdin_path is None and order.stdout_path is None and order.stderr_path is None:
+                streams = _NO_STREAMS
             else:
-                stderr = self._open(order.stderr_path, cwd, mode, files, "stderr_path")
-            pin = bool(order.cores) and not spawner.pinned
+                streams = self._streams(order, cwd, files)
+            pin = not spawner.pinned and bool(order.cores)
             if pin:
                 os.sched_setaffinity(0, {self._cpu_map.get(c, c) for c in order.cores})
             try:
                 t0, m0 = time.time(), time.monotonic()
                 popen = None
                 if spawner.own_cwd and not order.rlimits:
-                    pid = self._posix_spawn(spawner, argv, cwd, env, (stdin, stdout, stderr))
+                    pid = self._posix_spawn(spawner, argv, cwd, env, streams)
                 else:
                     popen = subprocess.Popen(
                         argv,
                         cwd=cwd,
                         env=env,
-                        stdin=stdin,
-                        stdout=stdout,
-                        stderr=stderr,
+                        stdin=streams[0],
+                        stdout=streams[1],
+                        stderr=streams[2],
                         close_fds=True,
                         start_new_session=True,
                         preexec_fn=_limits(order.rlimits) if order.rlimits else None,
@@ -484,12 +489,13 @@ class ProcessEngine:
         finally:
             for fd in set(files):
                 os.close(fd)
-        run = Running(order, pid, popen, t0, m0, env_file, env if env_file is not None else None)
+        started = Event(order.job_id, order.slot, "started", t0, {"pid": pid})
+        run = Running(order, pid, popen, t0, m0, env_file, env if env_file is not None else None, start_event=started)
         with self._lock:
             self._by_pid[pid] = run
             self._by_key[key] = run
-            early = self._early.pop(pid, None)
-            self._events.append(Event(order.job_id, order.slot, "started", t0, {"pid": pid}))  # no wake-up: see drain
+            early = self._early.pop(pid, None) if self._early else None
+            self._events.append(started)  # no wake-up: see drain
             # Not pending from here on, in the same step: an exit reaped right away (a short task's)
             # must not see its own order still being started, and be held for it (_report).
             self._unpend(order)
@@ -500,6 +506,45 @@ class ProcessEngine:
             except Exception:  # it started: the spawner must not count it as never started
                 log.exception("reaping an early exit failed", job=order.job_id, slot=order.slot)
         return True
+
+    def _environment(self, order: ProcessOrder) -> dict[str, str]:
+        """The task's environment. The common order (inheriting, no variables of its own, no pre_launch
+        changes) gets the agent's environment plus the rank's and the node's variables: one copy, where
+        :func:`environment.build` would copy twice for the same result."""
+        if order.inherit_environment and not (order.environment or order.pre_environment or order.pre_unset):
+            env = self._base_env.copy()
+            env.update(order.rank_environment)
+            return self._add_node_variables(env, order)
+        extra = self._add_node_variables(dict(order.rank_environment), order)
+        return environment.build(
+            inherit=order.inherit_environment,
+            base=self._base_env,
+            job=order.environment,
+            pre=order.pre_environment,
+            pre_unset=order.pre_unset,
+            extra=extra,
+        )
+
+    def _add_node_variables(self, env: dict[str, str], order: ProcessOrder) -> dict[str, str]:
+        """Set what the node tells its tasks, over the job's own variables: the node that really started
+        it (SSS Task <Node>), the node file, the GPUs."""
+        env["PILOT_NODE"] = self._node.name
+        if order.nodefile_hosts is not None:
+            env["PSIJ_NODEFILE"] = self._nodefile(order.nodefile_hosts)
+        if order.gpus or self._node.gpus:
+            env.update(environment.gpu_environment(order.gpus, node_has_gpus=bool(self._node.gpus)))
+        return env
+
+    def _streams(self, order: ProcessOrder, cwd: str, files: list[int]) -> tuple[int, int, int]:
+        """The task's stdin, stdout and stderr, opened here (``files``: what to close after the spawn)."""
+        stdin = self._open(order.stdin_path, cwd, "rb", files, "stdin_path")
+        mode = "wb" if order.truncate_output else "ab"
+        stdout = self._open(order.stdout_path, cwd, mode, files, "stdout_path")
+        if order.stderr_path is not None and order.stderr_path == order.stdout_path:
+            stderr = stdout
+        else:
+            stderr = self._open(order.stderr_path, cwd, mode, files, "stderr_path")
+        return stdin, stdout, stderr
 
     def _posix_spawn(
         self, spawner: _Spawner, argv: list[str], cwd: str, env: dict[str, str], streams: tuple[int, int, int]
@@ -518,9 +563,13 @@ class ProcessEngine:
             _seal_fds()
         exe = argv[0]
         path = exe if "/" in exe else _which(exe, env)
-        actions = [
-            (os.POSIX_SPAWN_DUP2, self._devnull if fd == subprocess.DEVNULL else fd, i) for i, fd in enumerate(streams)
-        ]
+        if streams is _NO_STREAMS:
+            actions = self._null_actions
+        else:
+            devnull = self._devnull
+            actions = [
+                (os.POSIX_SPAWN_DUP2, devnull if fd == subprocess.DEVNULL else fd, i) for i, fd in enumerate(streams)
+            ]
         return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_SIGNALS)
 
     def _open(self, path: str | None, cwd: str, mode: str, files: list[int], what: str) -> int:
@@ -613,6 +662,11 @@ class ProcessEngine:
         with self._lock:
             if self._by_key.get(key) is run:
                 del self._by_key[key]  # in the same step as its exit event: see snapshot()
+            events = self._events
+            if events and events[-1] is run.start_event:
+                # Not sent yet, and the exit carries the start (a short task's, mostly): one event, not
+                # two to hold, drain and match up (drain, Agent._forward drop it otherwise).
+                events.pop()
             wake = self._report(event)
         if wake:
             self._notify()
@@ -672,6 +726,9 @@ _HOLD_UNDER: Final = 0.02
 _SEAL_INTERVAL: Final = 1.0  # seconds between checks that no stray fd would leak into tasks
 _DEFAULT_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ)  # ignored by Python, default for tasks (as Popen)
 _CLONE_FS: Final = 0x00000200
+_DIRS_KEPT: Final = 256  # order directories whose resolved cwd a spawner keeps
+#: The streams of a task that names none: /dev/null for all three (one file-actions list for them all).
+_NO_STREAMS: Final = (subprocess.DEVNULL, subprocess.DEVNULL, subprocess.DEVNULL)
 _MAX_PINNED: Final = 1024  # pinned spawner threads at most (one per real cpu used by one-cpu orders)
 
 _MODES: Final = {
@@ -735,6 +792,7 @@ class _Spawner:
     pinned: bool  # the thread runs on exactly the cpus of the orders it gets
     own_cwd: bool  # the thread has its own cwd (unshare CLONE_FS): tasks start by posix_spawn
     cwd: str | None = None  # the thread's cwd, once it changed it
+    dirs: dict[str, str] = field(default_factory=dict)  # an order's directory -> the task's cwd
 
 
 def _own_cwd() -> bool:

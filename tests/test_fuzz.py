@@ -411,6 +411,48 @@ def test_a_daemons_order_takes_the_fast_path() -> None:
     assert process_order._from_wire_fast(dict(_VALID_ORDER)) == ProcessOrder._from_wire_checked(dict(_VALID_ORDER))
 
 
+def test_an_order_sends_only_the_fields_that_differ_from_their_defaults() -> None:
+    # Half the bytes of a common order to pack, journal, send and check; an absent field reads back
+    # as its default, by both paths.
+    order = ProcessOrder(job_id="7", slot=0, role="rank", executable="/bin/true", cores=[0], directory="/tmp")
+    raw = order.to_wire()
+    assert set(raw) == {
+        "job_id", "slot", "role", "executable", "arguments", "inherit_environment", "directory",
+        "truncate_output", "cores", "gpus",
+    }  # fmt: skip
+    assert process_order._from_wire_fast(raw) == ProcessOrder._from_wire_checked(raw) == order
+
+
+def test_the_fast_path_puts_every_field_where_it_belongs() -> None:
+    # It builds the order positionally: each field set to a value of its own comes back as sent.
+    order = ProcessOrder(
+        job_id="7",
+        slot=3,
+        role="pre",
+        executable="/bin/sh",
+        arguments=["a"],
+        environment={"E": "1"},
+        pre_environment={"P": "2"},
+        pre_unset=["U"],
+        inherit_environment=False,
+        directory="/d",
+        stdin_path="i",
+        stdout_path="o",
+        stderr_path="e",
+        truncate_output=False,
+        cores=[1, 2],
+        gpus=[0],
+        walltime=9.5,
+        rank_environment={"R": "3"},
+        nodefile_hosts=["h"],
+        script="s.sh",
+        after_cores=True,
+    )
+    raw = order.to_wire()
+    assert set(raw) == set(process_order._FIELDS) - {"rlimits"}  # every field but the limits differs
+    assert process_order._from_wire_fast(raw) == order
+
+
 _VALID_NODE = NodeConfigured(
     name="n1", hostname="h1", processors=[0, 1], memory=1 << 30, gpus=[0], os="Linux", architecture="x86_64"
 ).to_wire()

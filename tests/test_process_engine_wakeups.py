@@ -121,6 +121,24 @@ def test_an_exit_with_nothing_waiting_wakes_the_loop_at_once(tmp_path: Path) -> 
 
 
 @pytest.mark.timeout(60)
+def test_a_short_tasks_exit_replaces_its_start_not_sent_yet(tmp_path: Path) -> None:
+    """A task that exits before its ``started`` event left is reported by its exit alone (which carries
+    the start time): the engine drops the held start at the exit, not the loop after draining both."""
+    loop = _Loop(tmp_path)
+    loop.engine.start()
+    try:
+        loop.engine.submit([_order("short", loop.cpu, ["exit 0"], after=False)])
+        # Not drained before the exit (a start never pokes): the start is still held when it comes.
+        assert loop.poked.wait(30), "the exit never woke the loop"
+        events = loop.engine.drain()
+        assert [(e.job_id, e.kind) for e in events] == [("short", "exited")], events
+        assert 0 < events[0].data["started"] <= events[0].time
+        assert loop.engine.drain() == []
+    finally:
+        loop.engine.stop()
+
+
+@pytest.mark.timeout(60)
 def test_an_order_waiting_for_its_cores_can_be_withdrawn_one_started_cannot(tmp_path: Path) -> None:
     """WITHDRAW (the daemon takes back a job waiting behind a long task): an order still waiting is
     dropped unstarted and reported ``withdrawn``; the running one, and unknown keys, are left alone."""
