@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agent.processes import Event, ProcessEngine
@@ -134,6 +135,57 @@ def test_a_short_tasks_exit_replaces_its_start_not_sent_yet(tmp_path: Path) -> N
         assert [(e.job_id, e.kind) for e in events] == [("short", "exited")], events
         assert 0 < events[0].data["started"] <= events[0].time
         assert loop.engine.drain() == []
+    finally:
+        loop.engine.stop()
+
+
+def _sentinels(known: set[int]) -> list[psutil.Process]:
+    """The engine's sentinel children: those not in ``known`` that run ``/bin/sh -c 'read _'``."""
+    found = []
+    for p in psutil.Process().children():
+        try:
+            if p.pid not in known and p.cmdline() == ["/bin/sh", "-c", "read _"]:
+                found.append(p)
+        except psutil.Error:  # a task that ended meanwhile
+            pass
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_a_sentinel_child_keeps_the_reaper_in_wait4_while_the_engine_lives(tmp_path: Path) -> None:
+    """With no task running the reaper still waits in wait4 (a task's start then need not wake it): on
+    a child of the engine's own, which stop() ends and reaps."""
+    known = {p.pid for p in psutil.Process().children()}
+    loop = _Loop(tmp_path)
+    loop.engine.start()
+    try:
+        (sentinel,) = _sentinels(known)
+        assert sentinel.environ() == {}  # nothing of the agent's (its credentials were in its environment)
+        loop.engine.submit([_order("j", loop.cpu, ["exit 0"], after=False)])
+        (exited,) = [e for e in loop.run_until({("j", 0)}, limit=30) if e.kind == "exited"]
+        assert exited.data["exit_code"] == 0
+        assert sentinel.is_running() and sentinel.status() != psutil.STATUS_ZOMBIE
+    finally:
+        loop.engine.stop()
+    assert not _sentinels(known), "stop() left the sentinel running or unreaped"
+
+
+@pytest.mark.timeout(60)
+def test_tasks_are_still_reaped_once_the_sentinel_is_gone(tmp_path: Path) -> None:
+    known = {p.pid for p in psutil.Process().children()}
+    loop = _Loop(tmp_path)
+    loop.engine.start()
+    try:
+        (sentinel,) = _sentinels(known)
+        sentinel.kill()
+        deadline = time.monotonic() + 10
+        while _sentinels(known):  # reaped by the engine's reaper, which now waits on a condition between tasks
+            assert time.monotonic() < deadline, "the killed sentinel was never reaped"
+            time.sleep(0.01)
+        for job in ("a", "b"):
+            loop.engine.submit([_order(job, loop.cpu, ["exit 4"], after=False)])
+            (exited,) = [e for e in loop.run_until({(job, 0)}, limit=30) if e.kind == "exited"]
+            assert exited.data["exit_code"] == 4
     finally:
         loop.engine.stop()
 
