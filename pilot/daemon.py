@@ -638,7 +638,11 @@ class Daemon:
     def _handle_client(self, ident: bytes, msg: wire.Message) -> dict[str, Any]:
         body = msg.body
         if msg.kind == wire.Kind.SUBMIT:
-            return {"results": [self._submit(ident, raw) for raw in wire.field(body, "jobs", list)]}
+            jobs = wire.field(body, "jobs", list)
+            refusal = self._refusal()
+            if refusal is not None:
+                return {"results": [refusal] * len(jobs)}
+            return {"results": [self._submit(ident, raw) for raw in jobs]}
         if msg.kind == wire.Kind.CANCEL:
             return {"results": [self._cancel_request(i) for i in wire.str_list(body, "ids")]}
         if msg.kind == wire.Kind.ATTACH:
@@ -709,7 +713,8 @@ class Daemon:
     def _unfinished(self) -> int:
         return sum(n for state, n in self.counts.items() if not state.final)
 
-    def _submit(self, ident: bytes, raw: Any) -> dict[str, Any]:
+    def _refusal(self) -> dict[str, Any] | None:
+        """Why this pilot takes no new job now (the same answer for every job of a request), or None."""
         if self._stopping or self._draining:
             what = "draining ('pilot down --drain')" if self._draining else "stopping"
             return {"error": f"the pilot is {what}; submit to a new one", "transient": True}
@@ -718,6 +723,10 @@ class Daemon:
                 "error": "this pilot's last allocation has ended ('pilot status' says why); start a new pilot",
                 "transient": True,
             }
+        return None
+
+    def _submit(self, ident: bytes, raw: Any) -> dict[str, Any]:
+        """One job of a SUBMIT request (the pilot takes new jobs: :meth:`_refusal` said so)."""
         if isinstance(raw, dict) and "sss" in raw:
             return self._submit_sss(ident, raw)
         try:
@@ -830,8 +839,10 @@ class Daemon:
     def _check_launcher(self, launcher: str, *, what: str) -> None:
         """A launcher that needs another batch system (srun outside Slurm) is refused at submit."""
         needs = LAUNCHERS[launcher].needs_lrm
+        if needs is None:
+            return
         kinds = sorted({s.lrm.kind for s in self.sites})
-        if needs is not None and needs not in kinds:
+        if needs not in kinds:
             raise DescriptionError(
                 f"{what} {launcher!r} needs a {needs.capitalize()} allocation, and this pilot's "
                 f"{'are' if len(kinds) > 1 else 'is'} {' and '.join(map(repr, kinds))}; use 'multiple' or 'mpirun'"
