@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import client as psij
+from bench import relay_floor
 from bench.throughput import APIS, pilot_rate, raw_spawn_rate
 
 med = statistics.median
@@ -233,6 +234,7 @@ def w_roundtrip(home: Path, s: Sizes) -> Row:
                 raise TimeoutError("no COMPLETED callback within 30 s")
             pil.append(time.perf_counter() - t0)
         ex.set_job_status_callback(None)
+    floor, _ = relay_floor.measure(n)  # the same path with none of the pilot's work (bench/relay_floor.py)
     p, r = med(pil) * 1e3, med(raw) * 1e3
     return Row(
         "roundtrip",
@@ -244,8 +246,8 @@ def w_roundtrip(home: Path, s: Sizes) -> Row:
         p / r,
         "<= 2 ms",
         p <= 2.0,
-        f"median of {n}",
-        {"pilot_ms": [x * 1e3 for x in pil], "popen_ms": [x * 1e3 for x in raw]},
+        f"median of {n}; relay floor {med(floor):.2f} ms",
+        {"pilot_ms": [x * 1e3 for x in pil], "popen_ms": [x * 1e3 for x in raw], "relay_floor_ms": floor},
     )
 
 
