@@ -1135,8 +1135,7 @@ class Daemon:
         if job.final:
             return {"id": job_id, "state": state, "reasons": [_ended_reason(state, job.exit_code, job.message)]}
         if job.phase != "queued":
-            nodes = sorted({r.node for r in job.ranks})
-            return {"id": job_id, "state": state, "reasons": [f"it is running ({job.phase}) on {', '.join(nodes)}"]}
+            return {"id": job_id, "state": state, "reasons": [self._dispatched_reason(job)]}
         reasons: list[str] = []
         if job.user_hold:
             reasons.append(f"it is held (SSS <Hold>): 'pilot release {job_id}' lets it run")
@@ -1179,6 +1178,26 @@ class Daemon:
         if ahead:
             reasons.append(f"{ahead} job(s) with the same request were queued before it")
         return {"id": job_id, "state": state, "reasons": reasons + self._coming()}
+
+    def _dispatched_reason(self, job: JobRecord) -> str:
+        """A placed job: running, or sent to its node behind a busy core (pilot.backlog) and not started
+        yet, or being asked back from there (WITHDRAW) to be placed again."""
+        nodes = ", ".join(sorted({r.node for r in job.ranks}))
+        since = self._waiting.get(job.id)
+        if since is None:
+            return f"it is running ({job.phase}) on {nodes}"
+        cores = ", ".join(str(c) for r in job.ranks for c in r.cores)
+        waited = f"{time.monotonic() - since:.2f} s"
+        if job.id in self._withdrawing:
+            return (
+                f"it waited {waited} on {nodes} for core(s) {cores}, still busy with an earlier task, and is being "
+                "taken back from that node's agent to be placed again on a core that is free now"
+            )
+        return (
+            f"it is on {nodes} and starts there as soon as core(s) {cores} are free: placed behind a running "
+            f"task (pilot.backlog) {waited} ago; after {_RECLAIM_AFTER:g} s it is taken back to a free core, if "
+            "one comes first"
+        )
 
     def _coming(self) -> list[str]:
         """What may still add room: allocations on their way, auto-allocation's state."""

@@ -10,7 +10,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import Pilot
-from pilot_waits import agents_active
+from pilot_waits import agents_active, wait_for
 from test_client_resilience import Restartable, final, gated, strays  # noqa: F401 -- fixture
 
 import client as psij
@@ -187,4 +187,82 @@ def test_jobs_behind_a_long_task_are_taken_back_by_a_restarted_daemon(
     assert longs[1].status.state is psij.JobState.ACTIVE  # they did not wait for it
     gates[1].touch()
     assert final(longs[1], 30).state is psij.JobState.COMPLETED
+    assert final(longs[0], 30).state is psij.JobState.COMPLETED
+
+
+def test_explain_says_a_job_waits_on_its_node_behind_a_busy_core(start_pilot: Any) -> None:
+    """A job sent to its node behind a busy core is QUEUED but placed: explain says where it waits and
+    for which core, not that it runs (it has not started) nor that it waits for resources."""
+    pilot = start_pilot('[pilot]\nbacklog = 2\n[allocation]\nlrm = "local"\nnodes = 1\ncores_per_node = 1\n')
+    ex = pilot.executor()
+    long = psij.Job(psij.JobSpec(executable="/bin/sleep", arguments=["60"]))
+    ex.submit(long)
+    assert long.wait(timeout=30, target_states=[psij.JobState.ACTIVE]) is not None
+    assert any("is running (ranks)" in r for r in ex.explain(long))
+    behind = psij.Job(psij.JobSpec(executable="/bin/true"))
+    ex.submit(behind)
+    reasons = ex.explain(behind)
+    assert behind.status.state is psij.JobState.QUEUED
+    assert len(reasons) == 1 and "starts there as soon as core(s) 0 are free" in reasons[0], reasons
+    assert "placed behind a running task (pilot.backlog)" in reasons[0]
+    ex.cancel(long)
+    status = behind.wait(timeout=30)
+    assert status is not None and status.state is psij.JobState.COMPLETED
+    assert ex.explain(behind) and "is running" not in ex.explain(behind)[0]
+
+
+def _agent_of(pilot: Pilot, node: str) -> psutil.Process:
+    for proc in psutil.Process(pilot.pid).children(recursive=True):
+        try:
+            if proc.environ().get("PILOT_AGENT_NODE") == node:
+                return proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise AssertionError(f"no agent process for node {node}")
+
+
+@pytest.mark.timeout(150)
+def test_a_daemon_killed_while_it_asks_an_order_back_loses_nothing_and_runs_it_once(
+    strays: list[psutil.Process],  # noqa: F811 -- the fixture imported above
+    start_pilot: Callable[..., Pilot],
+    tmp_path: Path,
+) -> None:
+    """The daemon sends WITHDRAW for a job waiting behind a long task and dies before the agent's answer
+    is journaled (the agent is stopped meanwhile, so the answer cannot come first). The restarted daemon
+    learns the outcome from the agent (its answer replayed, or the order still waiting and asked back
+    again): the job runs exactly once, on the free core, while the long task still runs."""
+    r = Restartable(
+        start_pilot(
+            "[pilot]\nbacklog = 4\nheartbeat_interval = 0.5\nagent_timeout = 30\n"
+            '[allocation]\nlrm = "local"\nnodes = 2\ncores_per_node = 1\n'
+        ),
+        strays,
+    )
+    ex = r.executor()
+    agents_active(ex, 2)
+    gates = [tmp_path / "long", tmp_path / "other"]
+    longs = [psij.Job(gated(g)) for g in gates]
+    for job in longs:
+        ex.submit(job)
+        assert job.wait(timeout=30, target_states=[psij.JobState.ACTIVE]) is not None
+    (reason,) = ex.explain(longs[0])
+    stuck_node = reason.rsplit(" on ", 1)[1]
+    runs = tmp_path / "runs"
+    short = [psij.Job(psij.JobSpec("/bin/sh", ["-c", f"echo {i} >> {runs}"])) for i in range(2)]
+    ex.submit_all(short)  # one waits behind each long task
+    behind = next(j for j in short if f"is on {stuck_node} and starts there" in ex.explain(j)[0])
+    agent = _agent_of(r.pilot, stuck_node)
+    agent.suspend()
+    try:
+        gates[1].touch()  # the other node's core frees up: the daemon asks the stuck job back
+        wait_for(lambda: "is being taken back" in ex.explain(behind)[0], what="the WITHDRAW to be sent")
+        r.kill_daemon()
+    finally:
+        agent.resume()
+    r.up_again()
+    for job in short:
+        assert final(job, 60).state is psij.JobState.COMPLETED, job.native_id
+    assert longs[0].status.state is psij.JobState.ACTIVE  # it did not wait for the long task
+    assert sorted(runs.read_text().split()) == ["0", "1"]  # each ran exactly once
+    gates[0].touch()
     assert final(longs[0], 30).state is psij.JobState.COMPLETED
