@@ -74,6 +74,7 @@ _PARK_BYTES = 256 << 20  # held submit frames, in total
 #: A job waiting at an agent behind a busy core this long, while a core it could use is free, is taken
 #: back (WITHDRAW) and placed again: no head-of-line blocking behind a task that turned out long.
 _RECLAIM_AFTER = 0.05
+_AUTOSCALE_META = "autoscale"  # journal meta key: failed allocations in a row, and why auto-allocation stopped
 _HOLD_SECONDS = 300.0  # statuses held for a client that does not read are dropped after this long
 _SUBMIT_HEAD = wire.encode(wire.Kind.SUBMIT, {})[:-1]  # msgpack of [version, "submit", ...] up to the body
 
@@ -319,6 +320,7 @@ class Daemon:
                 )
             self.held[key] = PilotAllocation(key, source, allocation, over=allocation.state.final)
         self.resumed = True
+        self._restore_failures(recovered.meta.get(_AUTOSCALE_META))
         url = recovered.meta.get("agent_url")
         await self._bind_agents(endpoint=url if isinstance(url, str) else None)
         for held in self.held.values():
@@ -950,6 +952,23 @@ class Daemon:
                 f"{self._failures} allocations in a row failed to start (autoscale.max_failures); the last: {what}"
             )
             log.error("auto-allocation stopped", reason=self._autoscale_stopped)
+        self._journal_failures()
+
+    def _journal_failures(self) -> None:
+        """The count of failed allocations in a row (and whether it stopped auto-allocation) outlives a
+        restart: a daemon killed between failures must not start over and request more than
+        ``autoscale.max_failures`` in a row."""
+        self._tx.meta(_AUTOSCALE_META, {"failures": self._failures, "stopped": self._autoscale_stopped})
+
+    def _restore_failures(self, value: Any) -> None:
+        if value is None:
+            return
+        failures = value.get("failures") if isinstance(value, dict) else None
+        stopped = value.get("stopped") if isinstance(value, dict) else None
+        if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0 or not isinstance(stopped, str):
+            log.warning("the journal's count of failed allocations is damaged; counting from 0", value=repr(value))
+            return
+        self._failures, self._autoscale_stopped = failures, stopped
 
     def _fail_stranded(self, message: str) -> None:
         """Queued jobs fail when no allocation is left and none can come: never a hang."""
@@ -1401,8 +1420,9 @@ class Daemon:
         if owner is not None:
             was_ready = owner.ready
             owner.nodes.add(node.name)
-            if owner.ready and not was_ready:
+            if owner.ready and not was_ready and self._failures:
                 self._failures = 0  # one started: auto-allocation's count of failures in a row starts again
+                self._journal_failures()
         self.agents[node.name] = AgentRecord(name=node.name, node=node)
         self.nodes[node.name] = NodeSlots.from_configured(node)
         self.cluster.add(site.match_node(self.config, self.cluster.registry, node))

@@ -15,11 +15,12 @@ import msgpack
 import psutil
 import pytest
 from pilot_waits import agents_active, ends, gone, read_pid, wait_for
+from test_client_resilience import Restartable, strays  # noqa: F401 -- fixture
 
 import client as psij
 from pilot import config as config_mod
 from pilot import lrm
-from pilot.store import Store
+from pilot.store import JOURNAL_FILE, Store
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -220,6 +221,44 @@ def test_autoscale_gives_up_on_allocations_that_fail_and_fails_the_waiting_jobs_
         ex.submit(psij.Job(psij.JobSpec("/bin/true")))
     assert exc.value.transient
     assert "autoscale stopped: 2 allocations in a row failed" in pilot.cli("status").stdout
+
+
+@pytest.mark.timeout(150)
+def test_a_restarted_daemon_keeps_counting_failed_allocations(
+    strays: list[psutil.Process],  # noqa: F811 -- the fixture imported above
+    start_pilot: Any,
+) -> None:
+    """The count of allocations that failed in a row is journaled: a daemon killed after auto-allocation
+    gave up does not start over and request max_failures more."""
+    r = Restartable(
+        start_pilot(
+            '[allocation]\nlrm = "local"\nnodes = 1\npilots = 0\nagent_python = "/bin/false"\n'
+            "[autoscale]\nmax_pilots = 5\nmax_failures = 2\ngrow_after = 0\n"
+        ),
+        strays,
+    )
+    ex = r.executor()
+    job = psij.Job(psij.JobSpec("/bin/true"))
+    ex.submit(job)
+    ends(job, psij.JobState.FAILED, timeout=30)
+    r.kill_daemon()
+    r.up_again()
+    ex = r.executor()
+    st = ex.pilot_status()
+    assert st["autoscale"]["failures"] == 2 and st["autoscale"]["stopped"], st["autoscale"]
+    with pytest.raises(psij.SubmitException, match="last allocation has ended"):
+        ex.submit(psij.Job(psij.JobSpec("/bin/true")))
+    assert [a["state"] for a in ex.pilot_status()["allocations"]] == ["failed", "failed"]
+    # A damaged record of it (the journal is input too) is reported and counted from 0, not fatal.
+    r.kill_daemon()
+    db = sqlite3.connect(r.pilot.rundir.path / JOURNAL_FILE)
+    with db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'autoscale'", (msgpack.packb({"failures": "many"}),))
+    db.close()
+    r.up_again()
+    st = r.executor().pilot_status()
+    assert st["autoscale"]["failures"] == 0 and not st["autoscale"]["stopped"], st["autoscale"]
+    assert "count of failed allocations is damaged" in r.pilot.rundir.log_file.read_text()
 
 
 def test_autoscale_whose_requests_raise_stops_and_fails_the_waiting_jobs(start_pilot: Any, tmp_path: Path) -> None:
