@@ -154,6 +154,22 @@ def test_short_jobs_do_not_stay_behind_a_long_one_while_a_core_is_free(start_pil
     assert long.wait(timeout=30) is not None
 
 
+def _two_long_tasks(
+    pilot: Pilot, left: list[psutil.Process], tmp_path: Path, *, nodes: int
+) -> tuple[Restartable, psij.JobExecutor, list[Path], list[psij.Job]]:
+    """A pilot whose daemon the test may kill, with two tasks running until their gate files exist
+    (the first gate's task started first), both ACTIVE."""
+    r = Restartable(pilot, left)
+    ex = r.executor()
+    agents_active(ex, nodes)
+    gates = [tmp_path / "first", tmp_path / "second"]
+    longs = [psij.Job(gated(g)) for g in gates]
+    for job in longs:
+        ex.submit(job)
+        assert job.wait(timeout=30, target_states=[psij.JobState.ACTIVE]) is not None
+    return r, ex, gates, longs
+
+
 @pytest.mark.timeout(150)
 def test_jobs_behind_a_long_task_are_taken_back_by_a_restarted_daemon(
     strays: list[psutil.Process],  # noqa: F811 -- the fixture imported above
@@ -163,20 +179,15 @@ def test_jobs_behind_a_long_task_are_taken_back_by_a_restarted_daemon(
     """Jobs placed behind two busy cores, then the daemon is SIGKILLed and started again: the journal
     says which wait behind which core, and once one core is free the restarted daemon takes back those
     still waiting behind the other one's long task."""
-    r = Restartable(
+    r, ex, gates, longs = _two_long_tasks(
         start_pilot(
             "[pilot]\nbacklog = 8\nheartbeat_interval = 0.5\nagent_timeout = 4\n"
             '[allocation]\nlrm = "local"\nnodes = 1\ncores_per_node = 2\n'
         ),
         strays,
+        tmp_path,
+        nodes=1,
     )
-    ex = r.executor()
-    agents_active(ex, 1)
-    gates = [tmp_path / "first", tmp_path / "second"]
-    longs = [psij.Job(gated(g)) for g in gates]
-    for job in longs:
-        ex.submit(job)
-        assert job.wait(timeout=30, target_states=[psij.JobState.ACTIVE]) is not None
     short = [psij.Job(psij.JobSpec(executable="/bin/sleep", arguments=["0.2"])) for _ in range(8)]
     ex.submit_all(short)  # no core is free: all of them wait at the agent, behind one long task or the other
     r.kill_daemon()
@@ -231,20 +242,15 @@ def test_a_daemon_killed_while_it_asks_an_order_back_loses_nothing_and_runs_it_o
     is journaled (the agent is stopped meanwhile, so the answer cannot come first). The restarted daemon
     learns the outcome from the agent (its answer replayed, or the order still waiting and asked back
     again): the job runs exactly once, on the free core, while the long task still runs."""
-    r = Restartable(
+    r, ex, gates, longs = _two_long_tasks(
         start_pilot(
             "[pilot]\nbacklog = 4\nheartbeat_interval = 0.5\nagent_timeout = 30\n"
             '[allocation]\nlrm = "local"\nnodes = 2\ncores_per_node = 1\n'
         ),
         strays,
+        tmp_path,
+        nodes=2,
     )
-    ex = r.executor()
-    agents_active(ex, 2)
-    gates = [tmp_path / "long", tmp_path / "other"]
-    longs = [psij.Job(gated(g)) for g in gates]
-    for job in longs:
-        ex.submit(job)
-        assert job.wait(timeout=30, target_states=[psij.JobState.ACTIVE]) is not None
     (reason,) = ex.explain(longs[0])
     stuck_node = reason.rsplit(" on ", 1)[1]
     runs = tmp_path / "runs"
