@@ -40,8 +40,8 @@ def build(
     pre_unset: list[str] | None = None,
 ) -> dict[str, str]:
     """``base`` (when inheriting), then the job's variables in order, each substituted against
-    what is set so far, then what the job's pre_launch script changed, then ``extra`` (rank, node
-    file, GPUs), which neither can override."""
+    what is set so far, then what the job's pre_launch script changed, then ``extra`` (the rank's
+    variables), which neither can override (the agent sets the node's own after: node file, GPUs)."""
     env = dict(base) if inherit else {}
     for key, value in job.items():
         env[key] = substitute(value, env)

@@ -545,22 +545,17 @@ class ProcessEngine:
         return True
 
     def _environment(self, order: ProcessOrder) -> dict[str, str]:
-        """The task's environment. The common order (inheriting, no variables of its own, no pre_launch
-        changes) gets the agent's environment plus the rank's and the node's variables: one copy, where
-        :func:`environment.build` would copy twice for the same result."""
-        if order.inherit_environment and not (order.environment or order.pre_environment or order.pre_unset):
-            env = self._base_env.copy()
-            env.update(order.rank_environment)
-            return self._add_node_variables(env, order)
-        extra = self._add_node_variables(dict(order.rank_environment), order)
-        return environment.build(
+        """The task's environment: :func:`environment.build` with the rank's variables last, then the
+        node's over them (built in place: no second map of "extra" variables to copy in)."""
+        env = environment.build(
             inherit=order.inherit_environment,
             base=self._base_env,
             job=order.environment,
             pre=order.pre_environment,
             pre_unset=order.pre_unset,
-            extra=extra,
+            extra=order.rank_environment,
         )
+        return self._add_node_variables(env, order)
 
     def _add_node_variables(self, env: dict[str, str], order: ProcessOrder) -> dict[str, str]:
         """Set what the node tells its tasks, over the job's own variables: the node that really started

@@ -79,18 +79,14 @@ class Backend:
         return self.connection.request(kind, body, timeout=self.request_timeout, on_reply=on_reply)
 
     def submit(self, description: dict[str, Any], on_id: Callable[[str], StatusSink]) -> float | None:
-        """Submit one job. ``on_id`` gets its native id on the I/O thread, before any status of the job
-        can arrive, and returns the sink its statuses go to. Returns the time the pilot queued it.
-        A submit that got no answer raises a transient SubmitException and is never sent again.
+        """Submit one job. ``on_id`` gets its native id on the connection's reader, before any status of
+        the job can arrive, and returns the sink its statuses go to. Returns the time the pilot queued
+        it. A submit that got no answer raises a transient SubmitException and is never sent again.
         Concurrent calls from several threads share frames (see ``Connection.submit``)."""
         conn = self.connection  # a lone job: submit_many's batching, without its machinery
-        ticket = conn.submit([description], on_reply=functools.partial(_subscribe_one, conn, on_id))
-        body = conn.wait(ticket, timeout=self.request_timeout)
-        results = body.get("results")
-        if not isinstance(results, list) or len(results) != 1:
-            error = body.get("error") if "results" not in body else None
-            raise SubmitException(str(error) if error else f"malformed reply from the pilot: {str(body)[:200]}")
-        outcome = _outcome(results[0])
+        hook = functools.partial(_subscribe, conn, lambda _, native_id: on_id(native_id), 0)
+        body = conn.wait(conn.submit([description], on_reply=hook), timeout=self.request_timeout)
+        (outcome,) = _outcomes(body, 1)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
@@ -124,15 +120,8 @@ class Backend:
                     on_outcome(k, type(exc)(exc.message, transient=exc.transient))
                 return
             last_answer = time.monotonic()
-            results = body.get("results")
-            if not isinstance(results, list) or len(results) != count:
-                error = body.get("error") if "results" not in body else None
-                message = str(error) if error else f"malformed reply from the pilot: {str(body)[:200]}"
-                for k in range(start, start + count):
-                    on_outcome(k, SubmitException(message))
-                return
-            for k, result in enumerate(results, start):
-                on_outcome(k, _outcome(result))
+            for k, outcome in enumerate(_outcomes(body, count), start):
+                on_outcome(k, outcome)
 
         def send(start: int, chunk: builtins.list[dict[str, Any]]) -> None:
             hook = functools.partial(_subscribe, conn, on_id, start)
@@ -209,7 +198,8 @@ class Backend:
 
 
 def _subscribe(conn: Connection, on_id: Callable[[int, str], StatusSink], start: int, body: dict[str, Any]) -> None:
-    """A submit's reply hook (I/O thread): follow each accepted job before any of its statuses is read."""
+    """A submit's reply hook (the connection's reader): follow each accepted job before any of its
+    statuses is read."""
     results = body.get("results")
     if not isinstance(results, list):
         return
@@ -219,12 +209,15 @@ def _subscribe(conn: Connection, on_id: Callable[[int, str], StatusSink], start:
             conn.subscribe(native_id, on_id(start + i, native_id))
 
 
-def _subscribe_one(conn: Connection, on_id: Callable[[str], StatusSink], body: dict[str, Any]) -> None:
-    """A lone submit's reply hook (reader): follow the job before any of its statuses is read."""
+def _outcomes(body: dict[str, Any], count: int) -> builtins.list[Outcome]:
+    """The outcome of each of the ``count`` jobs of a SUBMIT from its reply; a malformed reply or a
+    refused request is every job's error."""
     results = body.get("results")
-    if isinstance(results, list) and results and isinstance(results[0], dict) and "id" in results[0]:
-        native_id = str(results[0]["id"])
-        conn.subscribe(native_id, on_id(native_id))
+    if isinstance(results, list) and len(results) == count:
+        return [_outcome(result) for result in results]
+    error = body.get("error") if "results" not in body else None
+    message = str(error) if error else f"malformed reply from the pilot: {str(body)[:200]}"
+    return [SubmitException(message) for _ in range(count)]
 
 
 def _outcome(result: Any) -> Outcome:

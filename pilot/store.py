@@ -150,6 +150,12 @@ class Recovered:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+#: A new job's row in ``Batch._accepted`` (the INSERT's columns): id, seq, description, submitted, then
+#: from here the fields ``job_update`` rewrites (state ... attempt), then the placement (ranks).
+_CHANGING: Final = 4
+_RANKS: Final = 15
+
+
 class Batch:
     """The changes of one flush, written in one transaction when the ``with`` block ends.
 
@@ -196,8 +202,8 @@ class Batch:
         which saves re-encoding it (``JobDescription.from_wire`` accepted it, so it loads back)."""
         raw = description.to_wire() if isinstance(description, JobDescription) else description
         self._accepted_at[job_id] = len(self._accepted)
-        row = (job_id, seq, _pack(raw), submitted, state.value, submitted, None, None, None, "queued", None, None, None)
-        self._accepted.append((*row, 0, 0, None))
+        changing = (state.value, submitted, None, None, None, "queued", None, None, None, 0, 0)  # as job_update's
+        self._accepted.append((job_id, seq, _pack(raw), submitted, *changing, None))
 
     def job_update(self, job: JobRecord, *, placed: bool = False) -> None:
         """The job's row as it is now: state (and, once final, exit code, message and Delivered), phase,
@@ -221,7 +227,7 @@ class Batch:
         at = self._accepted_at.get(job.id)
         if at is not None:
             row = self._accepted[at]
-            self._accepted[at] = (*row[:4], *fields, ranks if placed else row[15])
+            self._accepted[at] = (*row[:_CHANGING], *fields, ranks if placed else row[_RANKS])
             return
         self._updates.append((*fields, ranks, job.id))
 
@@ -231,7 +237,7 @@ class Batch:
         self._updates = [(*t[:-2], None, t[-1]) if t[-1] == job_id else t for t in self._updates]
         at = self._accepted_at.get(job_id)
         if at is not None:
-            self._accepted[at] = (*self._accepted[at][:15], None)
+            self._accepted[at] = (*self._accepted[at][:_RANKS], None)
         self._envs = [t for t in self._envs if t[-1] != job_id]
         self._dispatched = [t for t in self._dispatched if t[0] != job_id]
         self._results = [t for t in self._results if t[0] != job_id]
