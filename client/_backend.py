@@ -31,6 +31,9 @@ _FINAL = ("COMPLETED", "FAILED", "CANCELED")
 Outcome = float | SubmitException | InvalidJobException | None
 #: Jobs per SUBMIT request of a batch (``submit_many``); the connection may send several in one frame.
 SUBMIT_CHUNK = 1000
+#: Jobs in a batch's first request; each next one is twice as large, up to ``SUBMIT_CHUNK``. A large
+#: batch's first tasks then start after a few jobs are encoded, journaled and placed, not a thousand.
+SUBMIT_FIRST = 16
 #: Requests of one batch in flight at most: enough to keep the pilot busy between replies, few enough
 #: that it never holds a large backlog of unanswered jobs (its memory high-water mark grows with that).
 SUBMIT_WINDOW = 4
@@ -97,8 +100,9 @@ class Backend:
         on_id: Callable[[int, str], StatusSink],
         on_outcome: Callable[[int, Outcome], None],
     ) -> None:
-        """Submit jobs in requests of at most ``SUBMIT_CHUNK``, each queued as soon as it is full
-        (pipelined: the pilot works on one while the next is built). For the k-th description,
+        """Submit jobs in requests of at most ``SUBMIT_CHUNK`` (the first ``SUBMIT_FIRST``, each next one
+        twice the last), each queued as soon as it is full (pipelined: the pilot works on one while the
+        next is built). For the k-th description,
         ``on_id(k, native_id)`` is called as for :meth:`submit`, then ``on_outcome(k, outcome)`` on this
         thread with the time the pilot queued it or the exception ``submit`` would have raised for it
         alone. A request waits ``request_timeout`` from the later of its queuing and the previous
@@ -133,12 +137,14 @@ class Backend:
 
         chunk: builtins.list[dict[str, Any]] = []
         sent = 0
+        size = min(SUBMIT_FIRST, SUBMIT_CHUNK)
         for description in descriptions:
             chunk.append(description)
-            if len(chunk) == SUBMIT_CHUNK:
+            if len(chunk) == size:
                 send(sent, chunk)
                 sent += len(chunk)
                 chunk = []
+                size = min(2 * size, SUBMIT_CHUNK)
                 while queued and (
                     len(queued) >= SUBMIT_WINDOW
                     or isinstance(queued[0][2], SubmitException)
