@@ -51,6 +51,8 @@ class PilotSettings:
     client_port: int = 0
     #: The ``mpirun`` launcher's MPI: "openmpi" (``mpirun --host``) or "mpich" (Hydra ``mpiexec -hosts``).
     mpi_flavor: str = "openmpi"
+    #: MiB of journal WAL after which the daemon copies it into the journal file, in a worker thread.
+    journal_checkpoint_mib: float = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +181,12 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
         client_bind=_get(p, "client_bind", str, "pilot.", source, d.client_bind),
         client_port=_get(p, "client_port", int, "pilot.", source, d.client_port),
         mpi_flavor=_get(p, "mpi_flavor", str, "pilot.", source, d.mpi_flavor),
+        journal_checkpoint_mib=_get(p, "journal_checkpoint_mib", float, "pilot.", source, d.journal_checkpoint_mib),
     )
+    if not 0.0625 <= pilot.journal_checkpoint_mib <= 4096:
+        raise ConfigError(
+            f"{source}: pilot.journal_checkpoint_mib = {pilot.journal_checkpoint_mib}; give 0.0625 to 4096 (MiB)"
+        )
     if pilot.mpi_flavor not in ("openmpi", "mpich"):
         raise ConfigError(
             f"{source}: pilot.mpi_flavor = {pilot.mpi_flavor!r}; allowed: 'openmpi' (mpirun) or 'mpich' (mpiexec)"

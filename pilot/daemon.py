@@ -178,6 +178,8 @@ class Daemon:
         self._curve_socks: list[zmq.Socket[bytes]] = []  # sockets with a CURVE endpoint: handshakes logged
         self._remote_info: dict[str, str] = {}  # the clients' CURVE endpoint and key to pin, for pilot.json
         self.store: Store | None = None
+        #: Set while the journal's WAL is copied into its file in a worker thread; set when that ends.
+        self._checkpointing: anyio.Event | None = None
         self._tx = Batch()  # the changes of the current burst, committed at the start of each flush
         self._dirty: set[JobRecord] = set()  # jobs whose row changed since the last commit
         self._placed: set[JobRecord] = set()  # ... and whose placement changed
@@ -276,7 +278,11 @@ class Daemon:
 
     def _open_journal(self) -> Recovered:
         try:
-            self.store = Store.in_run_dir(self.rundir.path)
+            self.store = Store.in_run_dir(
+                self.rundir.path,
+                auto_checkpoint=False,
+                checkpoint_bytes=int(self.config.pilot.journal_checkpoint_mib * (1 << 20)),
+            )
             return self.store.load()
         except JournalError as exc:
             raise DaemonError(str(exc)) from None
@@ -304,6 +310,21 @@ class Daemon:
         self._tx = Batch()
         if self.store is not None:
             self.store.commit(tx)
+            if self.store.checkpoint_due() and self._checkpointing is None and self._tg is not None:
+                self._checkpointing = anyio.Event()
+                self._tg.start_soon(self._checkpoint, self.store, self._checkpointing)
+
+    async def _checkpoint(self, store: Store, done: anyio.Event) -> None:
+        """Copy the journal's WAL into its file off the event loop (its ``fsync`` may take long on a
+        network file system). Meanwhile the I/O task reads agents but leaves the store alone: no commit,
+        so nothing is sent that the journal does not hold yet, and no client request is read."""
+        t0 = time.monotonic()
+        try:
+            await anyio.to_thread.run_sync(store.checkpoint)
+        finally:
+            self._checkpointing = None
+            done.set()
+        log.debug("journal checkpointed", seconds=round(time.monotonic() - t0, 4))
 
     async def _resume(self, recovered: Recovered) -> None:
         """Rebuild from the journal of a daemon that died: jobs, queue, nodes and their held slots; the
@@ -602,9 +623,17 @@ class Daemon:
     # -- client socket ------------------------------------------------------------------------------
 
     async def _io_loop(self) -> None:
-        """The only task that touches the sockets: drain both, then one flush, then wait."""
+        """The only task that touches the sockets: drain both, then one flush, then wait. While the journal
+        checkpoints, only agents are read (see :meth:`_checkpoint`)."""
         clients, agents = self._clients, self._agents_sock
         while True:
+            if self._checkpointing is not None:
+                # Agents only (their heartbeats keep them alive through a long checkpoint), until it ends.
+                for frames in drain(agents, _DRAIN):
+                    self._on_agent(frames)
+                with anyio.move_on_after(0.1):
+                    await self._checkpointing.wait()
+                continue
             for frames in drain(clients, _DRAIN):
                 self._on_client(frames)
             for frames in drain(agents, _DRAIN):

@@ -13,6 +13,12 @@ local disk and far worse on the NFS/Lustre home directories run directories ofte
 submissions at a few hundred batches a second. ``Store.open(path, durable=True)`` selects FULL for those
 who want power-loss safety at that price.
 
+Checkpoints (copying the WAL into ``journal.db``, with an ``fsync`` of both) are SQLite's own by default,
+run inside whichever commit finds the WAL past 1,000 pages. The daemon turns that off
+(``auto_checkpoint=False``) and runs :meth:`Store.checkpoint` in a worker thread when
+:meth:`Store.checkpoint_due` says so, holding its commits meanwhile: on a network home directory that
+``fsync`` takes tens of milliseconds, which its event loop must not wait out.
+
 ``locking_mode=EXCLUSIVE``: one daemon owns the journal (a second one gets a clear error), and WAL then
 keeps its index in process memory instead of a shared-memory file, which does not work on network file
 systems. The OS drops the lock when the owner dies, SIGKILL included.
@@ -43,6 +49,10 @@ from pilot.model.process_order import ProcessOrder
 from pilot.scheduler.placement import RankPlacement
 
 JOURNAL_FILE: Final = "journal.db"
+#: WAL size past which :meth:`Store.checkpoint_due` says so: SQLite's own threshold (1,000 pages of 4 KiB).
+CHECKPOINT_BYTES: Final = 4 << 20
+#: Commits between two looks at the WAL's size (a ``stat``): what a commit costs stays a commit's.
+_CHECK_EVERY: Final = 8
 SCHEMA_VERSION: Final = 2  # 2: several allocations (id = the n of its key a<n>), each with its site
 #: ``PRAGMA application_id`` of a pilot journal ("PJRN"): tells our file from any other SQLite database.
 APPLICATION_ID: Final = 0x504A524E
@@ -356,20 +366,45 @@ class Batch:
 
 
 class Store:
-    """The open journal. Not thread-safe: the daemon's I/O task owns it, like the job table."""
+    """The open journal. Not thread-safe: the daemon's I/O task owns it, like the job table (a
+    checkpoint may run in another thread while nothing else uses the store)."""
 
-    def __init__(self, path: Path, db: sqlite3.Connection) -> None:
+    def __init__(self, path: Path, db: sqlite3.Connection, *, checkpoint_bytes: int = CHECKPOINT_BYTES) -> None:
         self.path = path
         self._db = db
         self._in_batch = False
+        self._wal = f"{path}-wal"
+        self._checkpoint_bytes = checkpoint_bytes
+        self._commits = 0
 
     @classmethod
-    def in_run_dir(cls, run_dir: Path, *, durable: bool = False) -> Store:
-        return cls.open(run_dir / JOURNAL_FILE, durable=durable)
+    def in_run_dir(
+        cls,
+        run_dir: Path,
+        *,
+        durable: bool = False,
+        auto_checkpoint: bool = True,
+        checkpoint_bytes: int = CHECKPOINT_BYTES,
+    ) -> Store:
+        return cls.open(
+            run_dir / JOURNAL_FILE,
+            durable=durable,
+            auto_checkpoint=auto_checkpoint,
+            checkpoint_bytes=checkpoint_bytes,
+        )
 
     @classmethod
-    def open(cls, path: Path | str, *, durable: bool = False) -> Store:
-        """Open or create the journal at ``path``; :class:`JournalError` when it is not a usable one."""
+    def open(
+        cls,
+        path: Path | str,
+        *,
+        durable: bool = False,
+        auto_checkpoint: bool = True,
+        checkpoint_bytes: int = CHECKPOINT_BYTES,
+    ) -> Store:
+        """Open or create the journal at ``path``; :class:`JournalError` when it is not a usable one.
+        ``auto_checkpoint=False``: commits never checkpoint; the owner calls :meth:`checkpoint` (from any
+        one thread at a time) when :meth:`checkpoint_due`."""
         path = Path(path)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -381,11 +416,13 @@ class Store:
         finally:
             os.close(fd)
         try:
-            db = sqlite3.connect(path, isolation_level=None, timeout=0.5)
+            db = sqlite3.connect(path, isolation_level=None, timeout=0.5, check_same_thread=auto_checkpoint)
         except sqlite3.Error as exc:
             raise _error(path, exc) from None
         try:
             _setup(db, path, durable=durable)
+            if not auto_checkpoint:
+                db.execute("PRAGMA wal_autocheckpoint = 0")
         except UnicodeDecodeError:
             # SQLite's message quotes a damaged schema byte that Python cannot decode: a corrupt file.
             db.close()
@@ -395,7 +432,7 @@ class Store:
         except BaseException:
             db.close()
             raise
-        return cls(path, db)
+        return cls(path, db, checkpoint_bytes=checkpoint_bytes)
 
     @contextmanager
     def batch(self) -> Iterator[Batch]:
@@ -426,6 +463,25 @@ class Store:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise _error(self.path, exc) from None
+        self._commits += 1
+
+    def checkpoint_due(self) -> bool:
+        """The WAL has outgrown ``checkpoint_bytes`` (looked at every few commits)."""
+        if self._commits < _CHECK_EVERY:
+            return False
+        self._commits = 0
+        try:
+            return os.stat(self._wal).st_size >= self._checkpoint_bytes
+        except FileNotFoundError:
+            return False
+
+    def checkpoint(self) -> None:
+        """Copy the WAL into the journal file and empty it. Blocking (two ``fsync``): run it in a worker
+        thread, touching nothing else of the store until it returns."""
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
 

@@ -257,3 +257,45 @@ def test_down_drain_lets_accepted_work_finish_and_refuses_new(
     assert p.rundir.read_info() is None
     left = sorted(x.name for x in p.rundir.path.iterdir())
     assert not [x for x in left if x.endswith((".sock", ".lock")) or x.startswith("journal")], left
+
+
+def test_journal_checkpoints_while_running_lose_nothing(start_pilot: Callable[..., Pilot]) -> None:
+    """The daemon checkpoints its journal itself (``pilot.journal_checkpoint_mib``; SQLite's own, inside a
+    commit, is off): with a 64 KiB limit, 600 jobs make it copy the WAL into journal.db several times while
+    they run -- the file grows before any shutdown and the WAL stays near the limit -- and a daemon
+    SIGKILLed afterwards comes back with every job, checkpointed or still in the WAL."""
+    p = start_pilot(CONFIG.format(nodes=1, cores=2).replace("[pilot]", "[pilot]\njournal_checkpoint_mib = 0.0625"))
+    journal = p.rundir.path / JOURNAL_FILE
+    wal = Path(f"{journal}-wal")
+    ex = p.executor()
+    agents_active(ex, 1)
+    base = journal.stat().st_size
+    jobs = []
+    wal_seen = 0
+    for k in range(6):
+        batch = [
+            psij.Job(psij.JobSpec(executable="/bin/true", arguments=[f"{k}-{i}-" + "x" * 2000])) for i in range(100)
+        ]
+        if k % 2:
+            for job in batch:  # requests that come while a checkpoint runs wait for it, then are served
+                ex.submit(job)
+        else:
+            ex.submit_all(batch)
+        jobs += batch
+        for job in batch:
+            status = job.wait(timeout=60)
+            assert status is not None and status.state is psij.JobState.COMPLETED, status
+        wal_seen = max(wal_seen, wal.stat().st_size if wal.exists() else 0)
+    assert journal.stat().st_size > base + (256 << 10), "the WAL was copied into journal.db while running"
+    assert wal_seen < 2 << 20, f"the WAL grew to {wal_seen} bytes: checkpoints did not keep it near 64 KiB"
+    ids = {str(job.native_id) for job in jobs}
+    ex.close()
+    p.kill9()
+    p.up_again()
+    ex2 = p.executor()
+    assert ids <= set(list_when_back(ex2))
+    for native_id in sorted(ids)[::50]:
+        job = psij.Job()
+        ex2.attach(job, native_id)
+        status = job.wait(timeout=30)
+        assert status is not None and status.state is psij.JobState.COMPLETED, (native_id, status)

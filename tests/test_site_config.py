@@ -70,3 +70,13 @@ def test_bad_site_config_names_the_key(raw: dict[str, object], message: str) -> 
 def test_registry_builtins_kept() -> None:
     reg = AttributeRegistry.from_config(GOOD["attributes"])  # type: ignore[arg-type]
     assert reg.get("load_avg") is not None and reg.get("License") is not None
+
+
+@pytest.mark.parametrize("value", [0, -1, 0.01, 5000, "4", True])
+def test_journal_checkpoint_mib_out_of_range_says_what_to_give(value: object) -> None:
+    with pytest.raises(ConfigError, match="journal_checkpoint_mib"):
+        config.parse({"pilot": {"journal_checkpoint_mib": value}})
+
+
+def test_journal_checkpoint_mib_takes_an_integer() -> None:
+    assert config.parse({"pilot": {"journal_checkpoint_mib": 64}}).pilot.journal_checkpoint_mib == 64.0

@@ -8,6 +8,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -341,3 +342,59 @@ def test_next_seq_of_an_older_journal_is_kept(tmp_path: Path) -> None:
     db.close()
     with Store.open(tmp_path / "j.db") as store:
         assert store.load().next_seq == 10
+
+
+def _fill(store: Store, first: int, count: int) -> None:
+    """``count`` commits of one accepted job each (a big description: a few pages of WAL per commit)."""
+    big = JobDescription(executable="/bin/echo", arguments=["x" * 6000])
+    for i in range(first, first + count):
+        tx = Batch()
+        tx.job_accepted(str(i), i, big, 1.0)
+        store.commit(tx)
+
+
+def test_commits_do_not_checkpoint_when_the_owner_does(tmp_path: Path) -> None:
+    """``auto_checkpoint=False`` (the daemon's journal): no commit copies the WAL into the journal file, so
+    none waits for a checkpoint's fsyncs; checkpoint_due() says when the WAL outgrew its limit, and
+    checkpoint() -- from another thread, as the daemon runs it -- empties it. Nothing is lost."""
+    path = tmp_path / "journal.db"
+    wal = Path(f"{path}-wal")
+    store = Store.open(path, auto_checkpoint=False, checkpoint_bytes=1 << 20)
+    base = path.stat().st_size
+    due_at = []
+    for k in range(100):  # 1,000 commits of ~8 KiB of WAL each: twice SQLite's own 4 MiB threshold
+        _fill(store, 1 + 10 * k, 10)
+        if store.checkpoint_due():
+            due_at.append(wal.stat().st_size)
+    assert wal.stat().st_size > 6 << 20  # SQLite's auto-checkpoint would have reset it at 4 MiB
+    assert path.stat().st_size == base  # and nothing reached the journal file
+    assert due_at and all(size >= 1 << 20 for size in due_at)
+    assert due_at[0] < 2 << 20  # said soon after the limit, not much later
+    done: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            store.checkpoint()
+            done.append(None)
+        except BaseException as exc:
+            done.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    assert done == [None]
+    assert wal.stat().st_size == 0 and path.stat().st_size > 6 << 20
+    assert not store.checkpoint_due()
+    _fill(store, 1001, 5)  # the emptied WAL takes commits again
+    store.close()
+    with Store.open(path) as again:
+        assert [j.id for j in again.load().jobs] == [str(i) for i in range(1, 1006)]
+
+
+def test_default_store_checkpoints_by_itself(tmp_path: Path) -> None:
+    """Without an owner that checkpoints (tools, tests, the default): SQLite's own bound on the WAL holds."""
+    path = tmp_path / "journal.db"
+    with Store.open(path) as store:
+        _fill(store, 1, 1000)
+        assert Path(f"{path}-wal").stat().st_size < 5 << 20
+        assert path.stat().st_size > 4 << 20
