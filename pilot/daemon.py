@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import math
 import os
 import sys
 import time
@@ -69,6 +70,7 @@ from pilot.transport import Progress, Waiter, drain
 log = structlog.get_logger("pilot.daemon")
 
 _DRAIN = 2048  # frames handled per burst before a flush
+_CHECKPOINT_LOOK = 8  # commits between two looks at the journal's WAL size (in a worker thread)
 _PARK_SECONDS = 5.0  # a held submit is refused after this long: well within a client's request timeout
 _PARK_BYTES = 256 << 20  # held submit frames, in total
 #: A job waiting at an agent behind a busy core this long, while a core it could use is free, is taken
@@ -180,6 +182,7 @@ class Daemon:
         self.store: Store | None = None
         #: Set while the journal's WAL is copied into its file in a worker thread; set when that ends.
         self._checkpointing: anyio.Event | None = None
+        self._checkpoint_look: float = _CHECKPOINT_LOOK  # the commit count at which to look at the WAL next
         self._tx = Batch()  # the changes of the current burst, committed at the start of each flush
         self._dirty: set[JobRecord] = set()  # jobs whose row changed since the last commit
         self._placed: set[JobRecord] = set()  # ... and whose placement changed
@@ -310,21 +313,30 @@ class Daemon:
         self._tx = Batch()
         if self.store is not None:
             self.store.commit(tx)
-            if self.store.checkpoint_due() and self._checkpointing is None and self._tg is not None:
-                self._checkpointing = anyio.Event()
-                self._tg.start_soon(self._checkpoint, self.store, self._checkpointing)
+            store = self.store
+            if store.commits >= self._checkpoint_look and self._tg is not None:
+                self._checkpoint_look = math.inf  # until this look is done
+                self._tg.start_soon(self._checkpoint, store)
 
-    async def _checkpoint(self, store: Store, done: anyio.Event) -> None:
-        """Copy the journal's WAL into its file off the event loop (its ``fsync`` may take long on a
-        network file system). Meanwhile the I/O task reads agents but leaves the store alone: no commit,
-        so nothing is sent that the journal does not hold yet, and no client request is read."""
-        t0 = time.monotonic()
+    async def _checkpoint(self, store: Store) -> None:
+        """Every few commits: if the journal's WAL outgrew its limit, copy it into the journal file. Both
+        the look (a ``stat``) and the copy (two ``fsync``) run in a worker thread: on a network file
+        system either may take long. During the copy the I/O task reads agents but leaves the store
+        alone: no commit, so nothing is sent that the journal does not hold yet, and no client request is
+        read."""
         try:
-            await anyio.to_thread.run_sync(store.checkpoint)
+            due = await anyio.to_thread.run_sync(store.checkpoint_due)
+            if due:
+                t0 = time.monotonic()
+                done = self._checkpointing = anyio.Event()
+                try:
+                    await anyio.to_thread.run_sync(store.checkpoint)
+                finally:
+                    self._checkpointing = None
+                    done.set()
+                log.debug("journal checkpointed", seconds=round(time.monotonic() - t0, 4))
         finally:
-            self._checkpointing = None
-            done.set()
-        log.debug("journal checkpointed", seconds=round(time.monotonic() - t0, 4))
+            self._checkpoint_look = store.commits + _CHECKPOINT_LOOK
 
     async def _resume(self, recovered: Recovered) -> None:
         """Rebuild from the journal of a daemon that died: jobs, queue, nodes and their held slots; the

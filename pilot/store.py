@@ -15,9 +15,10 @@ who want power-loss safety at that price.
 
 Checkpoints (copying the WAL into ``journal.db``, with an ``fsync`` of both) are SQLite's own by default,
 run inside whichever commit finds the WAL past 1,000 pages. The daemon turns that off
-(``auto_checkpoint=False``) and runs :meth:`Store.checkpoint` in a worker thread when
-:meth:`Store.checkpoint_due` says so, holding its commits meanwhile: on a network home directory that
-``fsync`` takes tens of milliseconds, which its event loop must not wait out.
+(``auto_checkpoint=False``) and, every few commits, asks :meth:`Store.checkpoint_due` and runs
+:meth:`Store.checkpoint` in a worker thread, holding its commits while a checkpoint runs: on a network
+home directory that ``fsync`` takes tens of milliseconds, which its event loop must not wait out (nor
+the ``stat`` of the WAL, which there may write its dirty pages back first).
 
 ``locking_mode=EXCLUSIVE``: one daemon owns the journal (a second one gets a clear error), and WAL then
 keeps its index in process memory instead of a shared-memory file, which does not work on network file
@@ -51,8 +52,6 @@ from pilot.scheduler.placement import RankPlacement
 JOURNAL_FILE: Final = "journal.db"
 #: WAL size past which :meth:`Store.checkpoint_due` says so: SQLite's own threshold (1,000 pages of 4 KiB).
 CHECKPOINT_BYTES: Final = 4 << 20
-#: Commits between two looks at the WAL's size (a ``stat``): what a commit costs stays a commit's.
-_CHECK_EVERY: Final = 8
 SCHEMA_VERSION: Final = 2  # 2: several allocations (id = the n of its key a<n>), each with its site
 #: ``PRAGMA application_id`` of a pilot journal ("PJRN"): tells our file from any other SQLite database.
 APPLICATION_ID: Final = 0x504A524E
@@ -375,7 +374,8 @@ class Store:
         self._in_batch = False
         self._wal = f"{path}-wal"
         self._checkpoint_bytes = checkpoint_bytes
-        self._commits = 0
+        #: Transactions committed since the journal was opened (what a caller may pace its checkpoints by).
+        self.commits = 0
 
     @classmethod
     def in_run_dir(
@@ -465,13 +465,11 @@ class Store:
             db.execute("COMMIT")
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
-        self._commits += 1
+        self.commits += 1
 
     def checkpoint_due(self) -> bool:
-        """The WAL has outgrown ``checkpoint_bytes`` (looked at every few commits)."""
-        if self._commits < _CHECK_EVERY:
-            return False
-        self._commits = 0
+        """The WAL has outgrown ``checkpoint_bytes``. A ``stat`` of the WAL, which on NFS first writes
+        its dirty pages back: call it off the event loop. Touches no SQLite state: commits may go on."""
         try:
             return os.stat(self._wal).st_size >= self._checkpoint_bytes
         except FileNotFoundError:
