@@ -64,6 +64,13 @@ class Seen:
             self.states.append(status.state)
             self.messages.append(status.message)
 
+    def settled(self) -> list[psij.JobState]:
+        """The states seen once the callback has had a final one: ``wait()`` returns when the state is
+        set, before the callbacks run (as in psij-python)."""
+        wait_for(lambda: self.states and self.states[-1].final, 10, "the callback to see a final state")
+        with self._lock:
+            return list(self.states)
+
 
 @dataclass
 class Restartable:
@@ -270,7 +277,7 @@ def test_jobs_a_restarted_daemon_lost_end_failed_saying_so(restartable: Restarta
         assert status.state is psij.JobState.FAILED, status
         assert status.message is not None and "restarted" in status.message, status.message
         assert f"job {job.native_id}" in status.message, status.message
-        assert s.states == [psij.JobState.QUEUED, psij.JobState.ACTIVE, psij.JobState.FAILED], s.states
+        assert s.settled() == [psij.JobState.QUEUED, psij.JobState.ACTIVE, psij.JobState.FAILED], s.states
     # The new daemon numbers its jobs from 1 again: a new job with a lost one's id is its own job.
     new = psij.Job(sh("true"))
     new_seen = Seen(new)
@@ -364,8 +371,9 @@ def test_callbacks_and_wait_resume_for_jobs_submitted_before_the_kill(restartabl
     assert [s.state for s in statuses] == [psij.JobState.COMPLETED, psij.JobState.FAILED], statuses
     assert statuses[1].exit_code == 3
     for s in seen:
-        assert s.states[:2] == [psij.JobState.QUEUED, psij.JobState.ACTIVE], s.states
-        assert len(s.states) == 3 and s.states[2].final, s.states
+        states = s.settled()
+        assert states[:2] == [psij.JobState.QUEUED, psij.JobState.ACTIVE], states
+        assert len(states) == 3, states
     assert follower.returncode == 0, err
     found = json.loads(out)
     assert set(ids) <= set(found["list"]), found

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import Pilot
-from pilot_waits import agents_active
+from pilot_waits import agents_active, wait_for
 
 import client as psij
 from client import JobState
@@ -51,6 +51,19 @@ class Seen:
         with self._lock:
             self.by_job.setdefault(job.id, []).append(status)
 
+    def settled(self, job: psij.Job) -> list[psij.JobStatus]:
+        """The job's statuses once its callbacks have had its final one: ``wait()`` returns when the
+        state is set, before the callbacks run (as in psij-python)."""
+
+        def final_seen() -> bool:
+            with self._lock:
+                got = self.by_job.get(job.id)
+                return bool(got) and got[-1].final
+
+        wait_for(final_seen, 10, f"the callbacks of job {job.id} to see its final state")
+        with self._lock:
+            return list(self.by_job[job.id])
+
 
 def final(job: psij.Job) -> psij.JobStatus:
     status = job.wait(timeout=WAIT)
@@ -79,7 +92,7 @@ def test_null_launches_on_virtual_nodes_of_one_agent_process_spawn_nothing(
     ex.submit_all(jobs)
     for job in jobs:
         assert final(job).state is JobState.COMPLETED
-        states = [s.state for s in seen.by_job[job.id]]
+        states = [s.state for s in seen.settled(job)]
         assert states == [JobState.QUEUED, JobState.ACTIVE, JobState.COMPLETED], states
         assert job.status.exit_code == 0
     assert list(out.iterdir()) == [], "a simulated launch must not run anything"
@@ -102,7 +115,7 @@ def test_simulated_tasks_keep_exact_core_ownership(start_pilot: Callable[..., Pi
         assert status.state is JobState.COMPLETED
         meta = status.metadata or {}
         (node,) = meta["nodes"]
-        active = next(s for s in seen.by_job[job.id] if s.state is JobState.ACTIVE)
+        active = next(s for s in seen.settled(job) if s.state is JobState.ACTIVE)
         assert active.time is not None and status.time is not None
         assert status.time - active.time >= 0.2 - 1e-3, "it lasted its simulated duration"
         intervals.setdefault(node, []).append((active.time, status.time))
