@@ -70,7 +70,7 @@ def test_submit_all_submits_the_good_jobs_and_names_each_bad_one(
     ex.set_job_status_callback(rec)
     already = psij.Job(touch(tmp_path / "already"))
     ex.submit(already)
-    n = 2600  # three requests (1,000 jobs each at most), so errors land in more than one of them
+    n = 2600  # eight requests (16, 32, ... up to 1,000 jobs), so errors land in several of them
     jobs = [psij.Job(touch(tmp_path / f"out-{i}")) for i in range(n)]
     bad_launcher = {5, 1500, 2599}  # refused by the daemon, each in a different request
     for i in bad_launcher:
