@@ -195,6 +195,8 @@ class Daemon:
         self._parked_bytes = 0
         #: Statuses a slow client could not take yet: ident -> (held since, job id -> newest status).
         self._held_events: dict[bytes, tuple[float, dict[str, Any]]] = {}
+        #: Replies a client's socket had no room for, in order, each with when it was first held.
+        self._held_replies: dict[bytes, deque[tuple[float, bytes]]] = {}
         self._alloc_seen: dict[str, tuple[Any, ...]] = {}
         self.resumed = False
         sd = rundir.socket_dir()
@@ -2190,11 +2192,14 @@ class Daemon:
                 self._agents_sock,
                 [ident_of(node), wire.encode(wire.Kind.LAUNCH, {"orders": batch_orders})],
             )
-        for ident, body in replies:
-            _send(self._clients, [ident, wire.encode(wire.Kind.REPLY, body)])
+        if replies or self._held_replies:
+            self._send_replies(replies)
         held_since = self._merge_held(events) if self._held_events else {}
         for ident, evs in events.items():
-            sent = _send(self._clients, [ident, wire.encode(wire.Kind.EVENTS, {"events": list(evs.values())})])
+            if ident in self._held_replies:
+                sent: bool | None = False  # behind its replies: a job's statuses never overtake its SUBMIT reply
+            else:
+                sent = _send(self._clients, [ident, wire.encode(wire.Kind.EVENTS, {"events": list(evs.values())})])
             if sent is False:
                 # The client is not reading fast enough: keep its statuses, one per job (the newest), and
                 # send them with the next flush -- coalesced, never lost, never more than one per job.
@@ -2205,6 +2210,35 @@ class Daemon:
                     self.jobs.pop(job.id, None)
             self._retired.clear()
         self._progress.notify()
+
+    def _send_replies(self, replies: list[tuple[bytes, dict[str, Any]]]) -> None:
+        """Replies in order, per client. One that meets a client's high-water mark (a client with more
+        requests in flight than its socket queues) waits for the next flush, and so do the replies and
+        statuses behind it: a dropped SUBMIT reply would leave the client unsure whether jobs the journal
+        holds were accepted, and the statuses of jobs it never heard of unread. A client gone or not
+        reading for ``_HOLD_SECONDS``: its replies are dropped."""
+        held = self._held_replies
+        now = time.monotonic()
+        for ident in list(held):
+            waiting = held[ident]
+            while waiting:
+                since, frame = waiting[0]
+                if now - since > _HOLD_SECONDS:
+                    log.warning("client not reading its replies; dropped them", replies=len(waiting))
+                    waiting.clear()
+                    break
+                if _send(self._clients, [ident, frame]) is False:
+                    break
+                waiting.popleft()  # sent, or the client is gone
+            if not waiting:
+                del held[ident]
+        for ident, body in replies:
+            frame = wire.encode(wire.Kind.REPLY, body)
+            behind = held.get(ident)
+            if behind is not None:
+                behind.append((now, frame))
+            elif _send(self._clients, [ident, frame]) is False:
+                held[ident] = deque([(now, frame)])
 
     def _merge_held(self, events: dict[bytes, dict[str, Any]]) -> dict[bytes, float]:
         """Put the statuses held for slow clients back in front of this flush's (a newer status of the

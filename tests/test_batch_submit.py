@@ -46,6 +46,18 @@ class Recorder:
         with self._lock:
             self.by_job.setdefault(job.id, []).append((status.state, job.native_id))
 
+    def settled(self, job: psij.Job) -> list[tuple[JobState, str | None]]:
+        """What the callbacks had once they had the final status (``wait()`` returns before they run)."""
+
+        def final_seen() -> bool:
+            with self._lock:
+                got = self.by_job.get(job.id)
+                return bool(got) and got[-1][0].final
+
+        wait_for(final_seen, 10, f"the callbacks of job {job.native_id} to see its final state")
+        with self._lock:
+            return list(self.by_job[job.id])
+
 
 def outputs(tmp_path: Path) -> Path:
     """A directory for the tasks' files only (the pilot's config and home sit in ``tmp_path``)."""
@@ -191,8 +203,9 @@ def test_concurrent_submits_share_one_frame_and_keep_their_own_results(
     assert len({j.native_id for j in jobs}) == len(jobs) and None not in {j.native_id for j in jobs}
     for job in jobs:
         assert final(job).state is JobState.COMPLETED
-        assert [s for s, _ in rec.by_job[job.id]] == [JobState.QUEUED, JobState.ACTIVE, JobState.COMPLETED]
-        assert rec.by_job[job.id][0][1] == job.native_id
+        seen = rec.settled(job)
+        assert [s for s, _ in seen] == [JobState.QUEUED, JobState.ACTIVE, JobState.COMPLETED]
+        assert seen[0][1] == job.native_id
     assert len(list(tmp_path.iterdir())) == threads * n - 1
 
 
@@ -250,3 +263,42 @@ def test_a_silent_daemon_fails_a_batch_at_request_timeout_and_it_is_accepted_onc
     # What the message warns about: the daemon read the batch once it ran again -- once, not twice.
     wait_for(lambda: len(ex.list()) == 2500, what="the late batch to be accepted")
     assert len(ex.list()) == 2500
+
+
+@pytest.mark.timeout(120)
+def test_more_requests_in_flight_than_the_socket_holds_all_get_their_replies(
+    start_pilot: Callable[..., Pilot],
+) -> None:
+    """8,000 one-job SUBMITs queued at once on one connection (what as many threads calling submit()
+    together amount to): the daemon's replies outnumber what the client's socket queues hold (1,000
+    messages each way). A reply that finds no room waits for the next flush instead of being dropped:
+    every request is answered, every job has its id, and the statuses of those jobs still arrive."""
+    p = start_pilot(CONFIG.replace("cores_per_node = 4", "cores_per_node = 1") + "[pilot]\nbacklog = 0\n")
+    ex = p.executor()
+    agents_active(ex, 1)
+    blocker = psij.Job(psij.JobSpec(executable="/bin/sleep", arguments=["60"]))
+    ex.submit(blocker)
+    assert blocker.wait(timeout=WAIT, target_states=[JobState.ACTIVE]) is not None
+    conn = ex._backend.connection
+    n = 8000
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def on_reply(body: dict[str, object]) -> None:
+        results = body.get("results")
+        assert isinstance(results, list) and len(results) == 1 and "id" in results[0], body
+        with lock:
+            ids.append(str(results[0]["id"]))
+
+    description = {"executable": "/bin/true"}
+    tickets = [conn.submit([description], on_reply=on_reply) for _ in range(n)]
+    for ticket in tickets:
+        conn.wait(ticket, timeout=WAIT)
+    assert len(ids) == n and len(set(ids)) == n
+    # Their statuses come too: the last of them, followed, is canceled while queued and says so.
+    last = psij.Job()
+    ex.attach(last, max(ids, key=int))
+    ex.cancel(last)
+    status = last.wait(timeout=WAIT)
+    assert status is not None and status.state is JobState.CANCELED, status
+    ex.cancel(blocker)
