@@ -10,7 +10,7 @@ change it. A daemon restarted on the same run directory is followed by itself (s
 ``client/_connection.py``).
 
 Statuses of one job reach psij from two threads (``submit``/``attach`` in the caller's, the rest on
-the connection's dispatch thread). psij's ``Job.status`` setter checks and assigns in two separate
+the connection's delivering worker). psij's ``Job.status`` setter checks and assigns in two separate
 critical sections, so concurrent setters could move a job backwards (a late QUEUED over COMPLETED) or
 from one final state to another. Every status therefore goes through a per-job feed that one thread
 at a time drains in order, with no lock held while psij runs the user's callbacks.

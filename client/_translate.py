@@ -75,10 +75,6 @@ def _put(description: dict[str, Any], key: str, value: Any) -> None:
         description[key] = str(value)
 
 
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
 def _resources(res: Any) -> dict[str, Any] | None:
     if res is None:
         return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +72,10 @@ def list_when_back(ex: psij.JobExecutor, timeout: float = 20) -> list[str]:
             if not exc.transient or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def callbacks_settled(states: Callable[[], Sequence[psij.JobState]], what: str) -> None:
+    """Until the states a status callback recorded end with a final one. ``Job.wait()`` returns once the
+    state is set, before that state's callbacks run (as psij-python's ``Job._set_status`` does): a test
+    reading what a callback recorded right after ``wait()`` must wait for this first."""
+    wait_for(lambda: (got := states()) and got[-1].final, 10, f"the callbacks of {what} to see its final state")

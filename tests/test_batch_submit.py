@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import Pilot
-from pilot_waits import agents_active, wait_for
+from pilot_waits import agents_active, callbacks_settled, wait_for
 from test_client_resilience import Restartable, restartable, strays  # noqa: F401 -- fixtures
 
 import client as psij
@@ -47,16 +47,12 @@ class Recorder:
             self.by_job.setdefault(job.id, []).append((status.state, job.native_id))
 
     def settled(self, job: psij.Job) -> list[tuple[JobState, str | None]]:
-        """What the callbacks had once they had the final status (``wait()`` returns before they run)."""
-
-        def final_seen() -> bool:
-            with self._lock:
-                got = self.by_job.get(job.id)
-                return bool(got) and got[-1][0].final
-
-        wait_for(final_seen, 10, f"the callbacks of job {job.native_id} to see its final state")
+        """What the callbacks had once they had the final status (see ``callbacks_settled``)."""
         with self._lock:
-            return list(self.by_job[job.id])
+            got = self.by_job.setdefault(job.id, [])
+        callbacks_settled(lambda: [state for state, _ in got], f"job {job.native_id}")
+        with self._lock:
+            return list(got)
 
 
 def outputs(tmp_path: Path) -> Path:

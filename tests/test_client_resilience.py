@@ -21,7 +21,7 @@ import psij as psij_python
 import psutil
 import pytest
 from conftest import PYTHON, Pilot
-from pilot_waits import agents_active, gone, wait_for
+from pilot_waits import agents_active, callbacks_settled, gone, wait_for
 
 import client as psij
 from client._psij_plugin import PilotJobExecutor
@@ -65,9 +65,8 @@ class Seen:
             self.messages.append(status.message)
 
     def settled(self) -> list[psij.JobState]:
-        """The states seen once the callback has had a final one: ``wait()`` returns when the state is
-        set, before the callbacks run (as in psij-python)."""
-        wait_for(lambda: self.states and self.states[-1].final, 10, "the callback to see a final state")
+        """The states seen once the callback has had a final one (see ``callbacks_settled``)."""
+        callbacks_settled(lambda: self.states, "the job")
         with self._lock:
             return list(self.states)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import Pilot
-from pilot_waits import agents_active, wait_for
+from pilot_waits import agents_active, callbacks_settled
 
 import client as psij
 from client import JobState
@@ -52,17 +52,12 @@ class Seen:
             self.by_job.setdefault(job.id, []).append(status)
 
     def settled(self, job: psij.Job) -> list[psij.JobStatus]:
-        """The job's statuses once its callbacks have had its final one: ``wait()`` returns when the
-        state is set, before the callbacks run (as in psij-python)."""
-
-        def final_seen() -> bool:
-            with self._lock:
-                got = self.by_job.get(job.id)
-                return bool(got) and got[-1].final
-
-        wait_for(final_seen, 10, f"the callbacks of job {job.id} to see its final state")
+        """The job's statuses once its callbacks have had its final one (see ``callbacks_settled``)."""
         with self._lock:
-            return list(self.by_job[job.id])
+            got = self.by_job.setdefault(job.id, [])
+        callbacks_settled(lambda: [status.state for status in got], f"job {job.id}")
+        with self._lock:
+            return list(got)
 
 
 def final(job: psij.Job) -> psij.JobStatus:

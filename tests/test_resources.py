@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
-from pilot_waits import agents_active, ends, reach, wait_for
+from pilot_waits import agents_active, callbacks_settled, ends, reach
 
 import client as psij
 
@@ -200,8 +200,7 @@ def test_tasks_that_do_not_fit_wait_queued_and_start_when_cores_free(start_pilot
     assert c["start"] >= first_end, "the third task started before a core was free"
     assert c["start"] - first_end < 2.0, f"the third task waited {c['start'] - first_end:.2f} s for a free core"
     # the client saw it: QUEUED, then ACTIVE only after one of the others ended
-    # (wait() returns when the state is set, before the callbacks run: wait for the last one to be had)
-    wait_for(lambda: history[jobs[2].id][-1][0].final, 10, "the callback to see the third job's final state")
+    callbacks_settled(lambda: [state for state, _ in history[jobs[2].id]], "the third job")
     third = history[jobs[2].id]
     assert [s for s, _ in third] == [psij.JobState.QUEUED, psij.JobState.ACTIVE, psij.JobState.COMPLETED]
     assert set(c["cpus"]) <= set(a["cpus"]) | set(b["cpus"])

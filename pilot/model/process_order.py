@@ -131,7 +131,9 @@ RLIMIT_NAMES: Final = frozenset(
 
 
 def _str_map(value: Any) -> dict[str, str] | None:
-    """An environment map as sent, or None when it is anything else."""
+    """An environment map as sent (absent: empty), or None when it is anything else."""
+    if value is None:
+        return {}
     if type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items()):
         return value
     return None
@@ -170,18 +172,9 @@ def _from_wire_fast(raw: Any) -> ProcessOrder | None:
         and all(type(g) is int for g in gpus)
     ):
         return None
-    env, pre_env, rank_env = get("environment"), get("pre_environment"), get("rank_environment")
-    if env is None:
-        env = {}
-    elif (env := _str_map(env)) is None:
-        return None
-    if pre_env is None:
-        pre_env = {}
-    elif (pre_env := _str_map(pre_env)) is None:
-        return None
-    if rank_env is None:
-        rank_env = {}
-    elif (rank_env := _str_map(rank_env)) is None:
+    env, pre_env = _str_map(get("environment")), _str_map(get("pre_environment"))
+    rank_env = _str_map(get("rank_environment"))
+    if env is None or pre_env is None or rank_env is None:
         return None
     stdin, stdout, stderr, script = get("stdin_path"), get("stdout_path"), get("stderr_path"), get("script")
     if not (
