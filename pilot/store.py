@@ -52,7 +52,9 @@ from pilot.scheduler.placement import RankPlacement
 JOURNAL_FILE: Final = "journal.db"
 #: WAL size past which :meth:`Store.checkpoint_due` says so: SQLite's own threshold (1,000 pages of 4 KiB).
 CHECKPOINT_BYTES: Final = 4 << 20
-SCHEMA_VERSION: Final = 2  # 2: several allocations (id = the n of its key a<n>), each with its site
+#: 2: several allocations (id = the n of its key a<n>), each with its site; 3: a job's client key (pipelined
+#: submits), indexed, so a submit sent again after a lost answer finds the job it made the first time.
+SCHEMA_VERSION: Final = 3
 #: ``PRAGMA application_id`` of a pilot journal ("PJRN"): tells our file from any other SQLite database.
 APPLICATION_ID: Final = 0x504A524E
 
@@ -76,8 +78,10 @@ CREATE TABLE jobs (
     attempt INTEGER NOT NULL DEFAULT 0,
     ranks BLOB,
     environment BLOB,
-    unset BLOB
+    unset BLOB,
+    key TEXT
 );
+CREATE INDEX jobs_key ON jobs (key) WHERE key IS NOT NULL;
 CREATE TABLE processes (
     job_id TEXT NOT NULL,
     slot INTEGER NOT NULL,
@@ -160,9 +164,11 @@ class Recovered:
 
 
 #: A new job's row in ``Batch._accepted`` (the INSERT's columns): id, seq, description, submitted, then
-#: from here the fields ``job_update`` rewrites (state ... attempt), then the placement (ranks).
+#: from here the fields ``job_update`` rewrites (state ... attempt), then the placement (ranks), then
+#: the client's key.
 _CHANGING: Final = 4
 _RANKS: Final = 15
+_KEY: Final = 16
 
 
 class Batch:
@@ -206,13 +212,15 @@ class Batch:
         submitted: float,
         *,
         state: JobState = JobState.QUEUED,
+        key: str | None = None,
     ) -> None:
         """A job the daemon accepted. ``description`` may be the validated wire map the client sent,
-        which saves re-encoding it (``JobDescription.from_wire`` accepted it, so it loads back)."""
+        which saves re-encoding it (``JobDescription.from_wire`` accepted it, so it loads back).
+        ``key``: the client's name for the job (:meth:`Store.jobs_by_key` finds it)."""
         raw = description.to_wire() if isinstance(description, JobDescription) else description
         self._accepted_at[job_id] = len(self._accepted)
         changing = (state.value, submitted, None, None, None, "queued", None, None, None, 0, 0)  # as job_update's
-        self._accepted.append((job_id, seq, _pack(raw), submitted, *changing, None))
+        self._accepted.append((job_id, seq, _pack(raw), submitted, *changing, None, key))
 
     def job_update(self, job: JobRecord, *, placed: bool = False) -> None:
         """The job's row as it is now: state (and, once final, exit code, message and Delivered), phase,
@@ -236,7 +244,7 @@ class Batch:
         at = self._accepted_at.get(job.id)
         if at is not None:
             row = self._accepted[at]
-            self._accepted[at] = (*row[:_CHANGING], *fields, ranks if placed else row[_RANKS])
+            self._accepted[at] = (*row[:_CHANGING], *fields, ranks if placed else row[_RANKS], row[_KEY])
             return
         self._updates.append((*fields, ranks, job.id))
 
@@ -246,7 +254,8 @@ class Batch:
         self._updates = [(*t[:-2], None, t[-1]) if t[-1] == job_id else t for t in self._updates]
         at = self._accepted_at.get(job_id)
         if at is not None:
-            self._accepted[at] = (*self._accepted[at][:_RANKS], None)
+            row = self._accepted[at]
+            self._accepted[at] = (*row[:_RANKS], None, row[_KEY])
         self._envs = [t for t in self._envs if t[-1] != job_id]
         self._dispatched = [t for t in self._dispatched if t[0] != job_id]
         self._results = [t for t in self._results if t[0] != job_id]
@@ -320,8 +329,8 @@ class Batch:
             # older journal's meta 'seq' row is still read.
             db.executemany(
                 "INSERT INTO jobs (id, seq, description, submitted, state, state_time, exit_code, message, metadata,"
-                " phase, started, ended, cancel_reason, closing, attempt, ranks)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " phase, started, ended, cancel_reason, closing, attempt, ranks, key)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 self._accepted,
             )
         if self._envs:
@@ -615,6 +624,22 @@ class Store:
             out.meta[key] = _unpack(value)
         return out
 
+    def jobs_by_key(self, keys: Sequence[str]) -> dict[str, str]:
+        """The jobs the journal holds under these client keys: key -> job id (the first such job, should a
+        client have used a key twice). An indexed look-up, paid only by keyed submits."""
+        found: dict[str, str] = {}
+        try:
+            for start in range(0, len(keys), _KEYS_PER_QUERY):
+                chunk = keys[start : start + _KEYS_PER_QUERY]
+                rows = self._db.execute(
+                    f"SELECT key, id FROM jobs WHERE key IN ({','.join('?' * len(chunk))}) ORDER BY seq", chunk
+                )
+                for key, job_id in rows:
+                    found.setdefault(key, job_id)
+        except sqlite3.Error as exc:
+            raise _error(self.path, exc) from None
+        return found
+
     def job_ids(self) -> list[str]:
         """Every job id the journal holds, in submission order."""
         try:
@@ -701,6 +726,9 @@ def _held(job: JobRecord) -> list[bool]:
     return held
 
 
+#: Keys per look-up statement: under SQLite's oldest limit on bound parameters (999).
+_KEYS_PER_QUERY: Final = 500
+
 _FIX: Final = (
     "if it is damaged or not a pilot journal, move it aside (mv {path} {path}.bad) and start the pilot again -- "
     "the jobs recorded in it are then forgotten -- or use the run directory this journal belongs to"
@@ -714,7 +742,14 @@ def _migrate_v1(db: sqlite3.Connection) -> None:
     db.execute(create[: create.index(";")])
     db.execute("INSERT INTO allocation SELECT *, 'main' FROM allocation_v1")
     db.execute("DROP TABLE allocation_v1")
-    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _migrate_v2(db: sqlite3.Connection) -> None:
+    """Schema 2 had no client keys: every job it holds has none."""
+    if "key" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:
+        db.execute("ALTER TABLE jobs ADD COLUMN key TEXT")
+    index = _SCHEMA[_SCHEMA.index("CREATE INDEX jobs_key") :]
+    db.execute(index[: index.index(";")].replace("CREATE INDEX", "CREATE INDEX IF NOT EXISTS"))
 
 
 def _error(path: Path, exc: sqlite3.Error) -> JournalError:
@@ -769,8 +804,13 @@ def _setup(db: sqlite3.Connection, path: Path, *, durable: bool) -> None:
                 )
             elif version < 1:
                 raise JournalError(f"the pilot journal {path} has no schema version; {_FIX.format(path=path)}")
-            elif version == 1:
-                _migrate_v1(db)
+            else:
+                if version == 1:
+                    _migrate_v1(db)
+                if version <= 2:
+                    _migrate_v2(db)
+                if version < SCHEMA_VERSION:
+                    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
