@@ -184,6 +184,8 @@ class Daemon:
         self._checkpointing: anyio.Event | None = None
         self._checkpoint_look: float = _CHECKPOINT_LOOK  # the commit count at which to look at the WAL next
         self._tx = Batch()  # the changes of the current burst, committed at the start of each flush
+        #: Client keys of the jobs in ``_tx`` (not in the journal yet): key -> job id.
+        self._fresh_keys: dict[str, str] = {}
         self._dirty: set[JobRecord] = set()  # jobs whose row changed since the last commit
         self._placed: set[JobRecord] = set()  # ... and whose placement changed
         self._new_results: list[tuple[JobRecord, int, ProcessResult]] = []
@@ -315,6 +317,7 @@ class Daemon:
         self._tx = Batch()
         if self.store is not None:
             self.store.commit(tx)
+            self._fresh_keys.clear()  # the journal has them now
             store = self.store
             if store.commits >= self._checkpoint_look and self._tg is not None:
                 self._checkpoint_look = math.inf  # until this look is done
@@ -684,7 +687,10 @@ class Daemon:
         body = msg.body
         if msg.kind == wire.Kind.SUBMIT:
             jobs = wire.field(body, "jobs", list)
+            keys = _submit_keys(body, len(jobs))
             refusal = self._refusal()
+            if keys is not None:
+                return {"results": self._submit_keyed(ident, jobs, keys, refusal)}
             if refusal is not None:
                 return {"results": [refusal] * len(jobs)}
             return {"results": [self._submit(ident, raw) for raw in jobs]}
@@ -753,7 +759,8 @@ class Daemon:
             f"the pilot holds {self.config.pilot.max_queued} unfinished jobs (pilot.max_queued); "
             "submit again when some have ended"
         )
-        self._replies.append((ident, {"rid": rid, "results": [{"error": error, "transient": True}] * count}))
+        refusal = {"error": error, "transient": True, "retry": True}  # nothing of it was carried out: send it again
+        self._replies.append((ident, {"rid": rid, "results": [refusal] * count}))
 
     def _unfinished(self) -> int:
         return sum(n for state, n in self.counts.items() if not state.final)
@@ -770,9 +777,37 @@ class Daemon:
             }
         return None
 
-    def _submit(self, ident: bytes, raw: Any) -> dict[str, Any]:
+    def _submit_keyed(
+        self, ident: bytes, jobs: list[Any], keys: list[str | None], refusal: dict[str, Any] | None
+    ) -> list[dict[str, Any]]:
+        """Jobs named by the client's keys (pipelined submits). A key this pilot knows is the job that
+        key made before -- its answer was lost with a connection or a daemon, and the client sent it
+        again -- which this client now follows, even while new jobs are refused: it never runs twice.
+        The others are submitted as usual."""
+        named = [k for k in keys if k is not None]
+        known = {k: self._fresh_keys[k] for k in named if k in self._fresh_keys}
+        rest = [k for k in named if k not in known]
+        if rest and self.store is not None:
+            known.update(self.store.jobs_by_key(rest))
+        results: list[dict[str, Any]] = []
+        for raw, key in zip(jobs, keys, strict=True):
+            job_id = known.get(key) if key is not None else None
+            if job_id is not None:
+                results.append(self._attach(ident, job_id))
+            elif refusal is not None:
+                results.append(refusal)
+            else:
+                result = self._submit(ident, raw, key=key)
+                if key is not None and "id" in result:
+                    known[key] = self._fresh_keys[key] = result["id"]
+                results.append(result)
+        return results
+
+    def _submit(self, ident: bytes, raw: Any, *, key: str | None = None) -> dict[str, Any]:
         """One job of a SUBMIT request (the pilot takes new jobs: :meth:`_refusal` said so)."""
         if isinstance(raw, dict) and "sss" in raw:
+            if key is not None:
+                return {"error": "an SSS submission carries no key: submit it with submit_sss()"}
             return self._submit_sss(ident, raw)
         try:
             description = JobDescription.from_wire(raw)
@@ -798,15 +833,16 @@ class Daemon:
             return {"error": str(exc)}
         job = JobRecord(id=job_id, description=description)
         job.edges = self.graph.edges_of(job_id) or None
-        self._accept(ident, job, dict(raw, edges=job.edges) if job.edges else raw)  # raw: from_wire accepted it
+        raw = dict(raw, edges=job.edges) if job.edges else raw  # raw: from_wire accepted it
+        self._accept(ident, job, raw, key=key)
         return {"id": job.id, "time": job.state_time}
 
-    def _accept(self, ident: bytes, job: JobRecord, raw: Any) -> None:
+    def _accept(self, ident: bytes, job: JobRecord, raw: Any, *, key: str | None = None) -> None:
         self._seq += 1
         assert job.id == str(self._seq)
         job.subscribers.add(ident)
         self.jobs[job.id] = job
-        self._tx.job_accepted(job.id, self._seq, raw, job.submitted)
+        self._tx.job_accepted(job.id, self._seq, raw, job.submitted, key=key)
         self.counts[JobState.QUEUED] += 1
         if job.edges is None and not job.user_hold:
             self.queue.push(job)
@@ -2391,6 +2427,23 @@ def _send(sock: zmq.Socket[bytes], frames: list[bytes]) -> bool | None:
         if exc.errno == zmq.EHOSTUNREACH:
             return None
         raise
+
+
+#: Longest client key a SUBMIT may carry (a uuid is 36 characters).
+_KEY_CHARS = 128
+
+
+def _submit_keys(body: dict[str, Any], count: int) -> list[str | None] | None:
+    """A SUBMIT's ``keys`` (one per job, None for a job without one), checked; None when it has none."""
+    keys: list[str | None] | None = wire.opt_field(body, "keys", list)
+    if keys is None:
+        return None
+    if len(keys) != count:
+        raise wire.ProtocolError(f"'keys' has {len(keys)} entries for {count} jobs; send one per job (or null)")
+    for key in keys:
+        if key is not None and not (isinstance(key, str) and 0 < len(key) <= _KEY_CHARS):
+            raise wire.ProtocolError(f"a job key must be a string of 1 to {_KEY_CHARS} characters, not {key!r:.80}")
+    return keys
 
 
 def ident_of(name: str) -> bytes:
