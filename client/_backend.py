@@ -19,12 +19,17 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from client import _embedded
 from client._connection import DEFAULT_REQUEST_TIMEOUT, Connection, StatusSink, Ticket
+from client._pipeline import Pipeline
 from client.exceptions import InvalidJobException, SubmitException
 from pilot import wire
 from pilot.rundir import RunDir
 from pilot.security import ENV_CLIENT_ACCESS, Credentials, SecurityError, read_client_access
+
+log = structlog.get_logger("client")
 
 _FINAL = ("COMPLETED", "FAILED", "CANCELED")
 #: What submitting one job came to: the time the pilot queued it (None if it did not say), or why not.
@@ -48,13 +53,17 @@ def check_timeout(request_timeout: float) -> float:
 
 
 class Backend:
-    def __init__(self, url: str | None, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+    def __init__(
+        self, url: str | None, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT, pipelined: bool = False
+    ) -> None:
         self._url = url
         self.request_timeout = check_timeout(request_timeout)
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._embedded = False
         self._closed = False
+        #: Pipelined submits (see ``client/_pipeline.py``), or None: each submit waits for its answer.
+        self.pipeline = Pipeline(lambda: self.connection, request_timeout=self.request_timeout) if pipelined else None
 
     @property
     def connection(self) -> Connection:
@@ -191,7 +200,10 @@ class Backend:
         return status
 
     def close(self) -> None:
-        """Done: the last user of an embedded pilot stops it, the last user of a connection closes it."""
+        """Done: the last user of an embedded pilot stops it, the last user of a connection closes it.
+        Pipelined submits still unanswered get their answers first (at most ``request_timeout``)."""
+        if self.pipeline is not None and not self._closed and not self.pipeline.flush(self.request_timeout):
+            log.warning("closing with submitted jobs unanswered", jobs=self.pipeline.in_flight)
         with self._lock:
             if self._closed:
                 return

@@ -60,6 +60,8 @@ log = structlog.get_logger("client")
 
 StatusSink = Callable[[list[Any]], None]
 OnReply = Callable[[dict[str, Any]], None]
+#: Why a request nobody waits on was given up (on the I/O thread); the message says whether it was sent.
+OnLost = Callable[[str], None]
 Ticket = tuple[int, "_Pending"]  # a queued request: its rid and its state, for Connection.wait
 
 #: How long a request waits for its reply by default (the executors' ``request_timeout``). A daemon
@@ -122,7 +124,22 @@ class _Done:
 
 
 class _Pending:
-    __slots__ = ("body", "done", "frame", "internal", "jobs", "kind", "lost", "on_reply", "sent")
+    __slots__ = (
+        "body",
+        "done",
+        "frame",
+        "internal",
+        "jobs",
+        "keys",
+        "kind",
+        "lost",
+        "on_lost",
+        "on_reply",
+        "sent",
+        "since",
+        "timeout",
+        "uncertain",
+    )
 
     def __init__(
         self,
@@ -132,16 +149,28 @@ class _Pending:
         *,
         internal: bool = False,
         jobs: list[dict[str, Any]] | None = None,
+        keys: list[str] | None = None,
+        on_lost: OnLost | None = None,
+        timeout: float = 0.0,
     ) -> None:
         self.kind = kind
         self.frame = frame  # empty for a submit: its jobs are encoded at send time, with those they travel with
         self.jobs = jobs  # a submit's job descriptions
+        #: A keyed submit's job keys: the pilot knows a job by its key, so the request is sent again after
+        #: a lost connection instead of failing (a job it had accepted is not made twice).
+        self.keys = keys
         self.done = _Done()
         self.body: dict[str, Any] | None = None
         self.lost: str | None = None  # set instead of body when the request cannot be answered
         self.on_reply = on_reply
         self.sent = False  # handed to a socket: the daemon may have carried it out
+        self.uncertain = False  # sent on a connection lost before its answer: the pilot may hold its jobs
         self.internal = internal  # the I/O thread's own (re-attach), nobody waits on it
+        #: Nobody waits on the request (a pipelined submit): the I/O thread gives it up ``timeout`` seconds
+        #: after ``since`` (or after the last answer, once sent) and tells ``on_lost`` why.
+        self.on_lost = on_lost
+        self.timeout = timeout
+        self.since = time.monotonic() if on_lost is not None else 0.0
 
 
 class _Link:
@@ -241,6 +270,12 @@ class Connection:
         #: Batches of (status, the sinks it goes to) read and not delivered yet, in order (the reader
         #: appends, the worker delivering takes them under ``_lock``).
         self._ready: deque[list[tuple[list[Any], list[StatusSink]]]] = deque()
+        #: Statuses the reader routed or its hooks emitted in this turn, in order (the reader's only).
+        self._out: list[tuple[list[Any], list[StatusSink]]] = []
+        self._unwaited = 0  # requests with an ``on_lost`` not answered yet (under ``_lock``)
+        self._deferred: list[tuple[float, int]] = []  # (when, rid) of those not to be queued before then
+        self._expire_at = 0.0  # when the reader next looks for such requests past their deadline
+        self._last_answer = 0.0  # when the reader last read a reply (monotonic)
         self._delivering = False  # a worker is running callbacks (under ``_lock``)
         #: The reader's turn: held by the worker that reads the socket. Releasing it wakes the other.
         self._reading = threading.Lock()
@@ -294,14 +329,40 @@ class Connection:
         self._enqueue(rid, pending)
         return self.wait((rid, pending), timeout=timeout)
 
-    def submit(self, jobs: list[dict[str, Any]], *, on_reply: OnReply | None = None) -> Ticket:
+    def submit(
+        self,
+        jobs: list[dict[str, Any]],
+        *,
+        on_reply: OnReply | None = None,
+        keys: list[str] | None = None,
+        on_lost: OnLost | None = None,
+        timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        delay: float = 0.0,
+    ) -> Ticket:
         """Queue a SUBMIT of ``jobs`` and return at once; :meth:`wait` gets its reply (``results``, one
         per job, in order). Submits queued together, from any threads, travel in one frame (up to
         ``GROUP_JOBS`` jobs): each caller still gets only its own results, its own ``on_reply`` call
-        and its own errors, as if it had been sent alone."""
+        and its own errors, as if it had been sent alone.
+
+        ``keys`` (one per job) name the jobs to the pilot: a request whose connection is lost before its
+        answer is sent again on the next one, and the pilot answers for a key it knows with the job it
+        made then. With ``on_lost`` nobody waits: the answer goes to ``on_reply`` only, and a request
+        not answered within ``timeout`` seconds (of its sending, or of the last answer read, whichever
+        is later) or when the connection closes is given up, with the reason, to ``on_lost``; such a
+        request may wait ``delay`` seconds (about: the reader's next look, within ``_LIVENESS_INTERVAL``)
+        before it is queued."""
         self._check_open()
         rid = next(self._rids)
-        pending = _Pending(wire.Kind.SUBMIT, b"", on_reply, jobs=jobs)
+        pending = _Pending(wire.Kind.SUBMIT, b"", on_reply, jobs=jobs, keys=keys, on_lost=on_lost, timeout=timeout)
+        if delay > 0 and on_lost is not None:
+            pending.since += delay  # its timeout runs from when it is queued
+            with self._lock:
+                if self._closed:
+                    raise SubmitException("the connection to the pilot is closed", transient=True)
+                self._pending[rid] = pending
+                self._unwaited += 1
+                self._deferred.append((pending.since, rid))
+            return rid, pending
         self._enqueue(rid, pending)
         return rid, pending
 
@@ -316,7 +377,12 @@ class Connection:
             if self._closed:
                 raise SubmitException("the connection to the pilot is closed", transient=True)
             self._pending[rid] = pending
-            direct = not self._outbox and self._live is not None
+            behind = bool(self._outbox)  # the I/O thread has been woken for those already
+            if pending.on_lost is not None:
+                self._unwaited += 1
+            # A stream of pipelined submits goes through the outbox while one is unanswered, so the I/O
+            # thread sends what gathered meanwhile in one frame; a lone one leaves at once.
+            direct = not behind and self._live is not None and (pending.on_lost is None or self._unwaited == 1)
             if not direct:
                 self._outbox.append(rid)
         if direct:
@@ -325,6 +391,8 @@ class Connection:
             with self._lock:
                 if self._pending.get(rid) is pending:
                     self._outbox.append(rid)
+        elif behind:
+            return
         self._wake()
 
     def _send_now(self, rid: int, pending: _Pending) -> bool:
@@ -380,11 +448,29 @@ class Connection:
         """Whether :meth:`wait` on ``ticket`` would return (or raise) at once."""
         return ticket[1].done.is_set()
 
+    def join(self, ticket: Ticket, add: Callable[[], None]) -> bool:
+        """Let more jobs join a queued submit: if it has not been handed to a socket yet, call ``add``
+        under the connection's lock -- it appends to the lists of jobs (and keys) the request was made
+        with -- and return True; else False (make a new request)."""
+        rid, pending = ticket
+        with self._lock:
+            if pending.sent or self._pending.get(rid) is not pending or self._dead is not None:
+                return False  # (no pilot running: a new request says so, see _check_open)
+            add()
+            return True
+
     def subscribe(self, job_id: str, sink: StatusSink) -> None:
         """Route status updates of ``job_id`` to ``sink`` until its final one, across reconnections.
         Call from an ``on_reply`` hook to win the race with the job's first event."""
         with self._lock:
             self._sinks.setdefault(job_id, []).append(sink)
+
+    def subscribe_many(self, pairs: list[tuple[str, StatusSink]]) -> None:
+        """:meth:`subscribe` for many jobs at once."""
+        with self._lock:
+            sinks = self._sinks
+            for job_id, sink in pairs:
+                sinks.setdefault(job_id, []).append(sink)
 
     def close(self) -> None:
         if self._closed:
@@ -470,6 +556,7 @@ class Connection:
         try:
             while not self._closed:
                 self._turn()
+                self._publish()
                 if self._ready and not self._delivering and self._claim():
                     return True
         except BaseException:
@@ -493,8 +580,20 @@ class Connection:
             with self._sock_lock:
                 self._live = None
                 link.close()
-        self._fail(lambda p: "the connection to the pilot is closed", sent_only=False)
+        self._fail(lambda p: "the connection to the pilot is closed", sent_only=False, keep_keyed=False)
+        self._publish()
         self._stopped = True
+
+    def emit(self, status: list[Any], sinks: list[StatusSink]) -> None:
+        """Deliver ``status`` to ``sinks`` after every status read before it (from a reply or lost-request
+        hook, on the reader: a submit's QUEUED or FAILED goes in order with the events around it)."""
+        self._out.append((status, sinks))
+
+    def _publish(self) -> None:
+        """Hand this turn's statuses to the delivering worker, as one batch."""
+        if self._out:
+            self._ready.append(self._out)
+            self._out = []
 
     def _turn(self) -> None:
         """One turn of the reader: (re)connect, wait for input, read, watch the link, send the outbox."""
@@ -515,6 +614,9 @@ class Connection:
                 else:
                     poller.register(link.fd, zmq.POLLIN)
                     poller.register(link.mon, zmq.POLLIN)
+        if self._unwaited and now >= self._expire_at:
+            self._expire_at = now + _LIVENESS_INTERVAL
+            self._expire(now)
         if link is None:
             wait = self._retry_at - now
         elif not link.up:
@@ -660,33 +762,84 @@ class Connection:
         if p.jobs is None:
             return p.frame
         if len(unit) == 1:
-            return wire.encode(wire.Kind.SUBMIT, {"jobs": p.jobs, "rid": rid})
+            body: dict[str, Any] = {"jobs": p.jobs, "rid": rid}
+            if p.keys is not None:
+                body["keys"] = p.keys
+            return wire.encode(wire.Kind.SUBMIT, body)
         group_rid = self._group_rid(unit)
         self._groups[group_rid] = unit
-        jobs = [job for _, q in unit for job in q.jobs or ()]
-        return wire.encode(wire.Kind.SUBMIT, {"jobs": jobs, "rid": group_rid})
+        body = {"jobs": [job for _, q in unit for job in q.jobs or ()], "rid": group_rid}
+        if any(q.keys is not None for _, q in unit):
+            body["keys"] = [k for _, q in unit for k in (q.keys if q.keys is not None else [None] * len(q.jobs or ()))]
+        return wire.encode(wire.Kind.SUBMIT, body)
 
     @staticmethod
     def _group_rid(unit: list[tuple[int, _Pending]]) -> int:
         """A group frame's rid: its first member's, negated (rids count up from 1, so it names no request)."""
         return -unit[0][0]
 
-    def _fail(self, message: Callable[[_Pending], str], *, sent_only: bool) -> None:
+    def _fail(self, message: Callable[[_Pending], str], *, sent_only: bool, keep_keyed: bool = True) -> None:
         """Fail waiting requests: those sent (the connection that carried them is gone), or all. An
-        unsent re-attach is dropped too: the next connection sends its own."""
+        unsent re-attach is dropped too: the next connection sends its own. Keyed submits are kept
+        unless ``keep_keyed`` is False (closing): those sent go back to the outbox, to be sent again on
+        the next connection (the pilot answers for the jobs it took with the jobs it made); their own
+        timeout, not this, gives them up."""
         self._groups.clear()  # what was sent went with the connection (or the connection is closing)
+        now = time.monotonic()
+        victims: list[tuple[int, _Pending]] = []
+        again: list[int] = []
         with self._lock:
-            victims = [(rid, p) for rid, p in self._pending.items() if p.sent or not sent_only or p.internal]
-            for rid, _ in victims:
+            for rid, p in self._pending.items():
+                if p.keys is not None and keep_keyed:
+                    if p.sent:
+                        p.sent = False
+                        p.uncertain = True
+                        p.since = now
+                        again.append(rid)
+                elif p.sent or not sent_only or p.internal:
+                    victims.append((rid, p))
+            for rid, p in victims:
                 del self._pending[rid]
-            if sent_only:
-                gone = {rid for rid, _ in victims}
-                self._outbox = deque(r for r in self._outbox if r not in gone)
-            else:
-                self._outbox.clear()
+                if p.on_lost is not None:
+                    self._unwaited -= 1
+            if victims or again:
+                self._outbox = deque(sorted(again + [r for r in self._outbox if r in self._pending]))
         for _, p in victims:
-            p.lost = message(p)
-            p.done.set()
+            self._lose(p, message(p))
+
+    @staticmethod
+    def _lose(p: _Pending, message: str) -> None:
+        """A request given up (removed from ``_pending`` already): its waiter, or its ``on_lost``, hears why."""
+        p.lost = message
+        p.done.set()
+        if p.on_lost is not None:
+            try:
+                p.on_lost(message)
+            except Exception:
+                log.exception("lost-request hook failed")
+
+    def _expire(self, now: float) -> None:
+        """Give up the requests nobody waits on whose time is up: not answered within their timeout of
+        being sent (or of the last answer read, while the pilot works through a backlog), or not sent
+        within it of being queued (no pilot to send them to)."""
+        with self._lock:
+            if self._deferred:
+                due = [rid for when, rid in self._deferred if when <= now and rid in self._pending]
+                self._deferred = [(when, rid) for when, rid in self._deferred if when > now and rid in self._pending]
+                self._outbox.extend(due)  # sent at the end of this turn, if the link is up
+            late = [
+                (rid, p)
+                for rid, p in self._pending.items()
+                if p.on_lost is not None and now >= (max(p.since, self._last_answer) if p.sent else p.since) + p.timeout
+            ]
+            for rid, _ in late:
+                del self._pending[rid]
+            self._unwaited -= len(late)
+            if late:
+                gone = {rid for rid, _ in late}
+                self._outbox = deque(r for r in self._outbox if r not in gone)
+        for _, p in late:
+            self._lose(p, self._timeout_message(p.kind, p.timeout, sent=p.sent or p.uncertain))
 
     def _queue_reattach(self) -> None:
         """ATTACH every followed job again, ahead of anything else this connection sends."""
@@ -713,7 +866,7 @@ class Connection:
         if not isinstance(results, list) or len(results) != len(ids):
             log.warning("unexpected answer to a re-attach; jobs not followed again", reply=str(body)[:200])
             return
-        out: list[tuple[list[Any], list[StatusSink]]] = []
+        out = self._out  # in order with the statuses read before this answer
         now = time.time()
         with self._lock:
             for job_id, result in zip(ids, results, strict=True):
@@ -738,8 +891,6 @@ class Connection:
                 if status[1] in _FINAL:
                     del self._sinks[job_id]
                 out.append((status, list(sinks)))
-        if out:
-            self._ready.append(out)
 
     def _receive(self, link: _Link) -> None:
         frames: list[bytes] = []
@@ -749,7 +900,8 @@ class Connection:
                     frames.append(link.sock.recv(zmq.NOBLOCK))
                 except zmq.Again:
                     break
-        statuses: list[tuple[list[Any], list[StatusSink]]] = []
+        statuses = self._out
+        answered = False
         for frame in frames:
             try:
                 msg = wire.decode(frame, allowed=wire.TO_CLIENT_KINDS)
@@ -766,23 +918,23 @@ class Connection:
                 continue
             group = self._groups.pop(rid, None)
             answers = [(rid, msg.body)] if group is None else _split(group, msg.body)
+            answered = True
             for member, body in answers:
                 with self._lock:
                     pending = self._pending.pop(member, None)
+                    if pending is not None and pending.on_lost is not None:
+                        self._unwaited -= 1
                 if pending is None:  # unknown, or its caller gave up waiting
                     continue
-                if statuses:  # in order: what this reply's hook queues goes after the events read before it
-                    self._ready.append(statuses)
-                    statuses = []
-                if pending.on_reply is not None:
+                if pending.on_reply is not None:  # what it emits goes after the statuses read before it
                     try:
                         pending.on_reply(body)
                     except Exception:
                         log.exception("reply hook failed")
                 pending.body = body
                 pending.done.set()
-        if statuses:
-            self._ready.append(statuses)
+        if answered:
+            self._last_answer = time.monotonic()
 
     def _route(self, events: list[list[Any]], out: list[tuple[list[Any], list[StatusSink]]]) -> None:
         """Pair each status with its job's sinks now, on the I/O thread: the sinks a job has when its

@@ -7,7 +7,9 @@ default pilot, else an embedded one configured by ``PILOT_CONFIG``). The keyword
 ``request_timeout`` (seconds, default 10) bounds the wait for the pilot's answers, as for our own
 ``JobExecutor``; psij's ``get_instance`` cannot pass it, so construct ``PilotJobExecutor`` directly to
 change it. A daemon restarted on the same run directory is followed by itself (see
-``client/_connection.py``).
+``client/_connection.py``). ``pipelined`` (keyword-only, or a ``pipelined = True`` attribute set on
+the ``psij.JobExecutorConfig`` passed to ``get_instance``) makes ``submit`` return before the pilot's
+answer, as our own ``JobExecutor(pipelined=True)`` does (``client/_pipeline.py``).
 
 Statuses of one job reach psij from two threads (``submit``/``attach`` in the caller's, the rest on
 the connection's delivering worker). psij's ``Job.status`` setter checks and assigns in two separate
@@ -39,10 +41,15 @@ class PilotJobExecutor(psij.JobExecutor):
         config: psij.JobExecutorConfig | None = None,
         *,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        pipelined: bool | None = None,
     ) -> None:
         super().__init__(url=url, config=config or psij.JobExecutorConfig())
+        if pipelined is None:
+            pipelined = getattr(self.config, "pipelined", False)
+        if not isinstance(pipelined, bool):
+            raise TypeError(f"pipelined must be True or False, not {pipelined!r}")
         # Connects on first use: psij's suite builds every executor at collection.
-        self._backend = Backend(url, request_timeout=request_timeout)
+        self._backend = Backend(url, request_timeout=request_timeout, pipelined=pipelined)
 
     def submit(self, job: psij.Job) -> None:
         spec = self._check_job(job)  # NEW, has a spec, no executor yet; sets job.executor
@@ -53,6 +60,10 @@ class PilotJobExecutor(psij.JobExecutor):
                 job._native_id = native_id
                 return lambda raw: self._apply(job, raw)
 
+            pipeline = self._backend.pipeline
+            if pipeline is not None:  # QUEUED (or FAILED, with the pilot's reason) follows as a status
+                pipeline.submit(description, on_id=on_id, on_failed=lambda raw: self._apply(job, raw))
+                return
             t = self._backend.submit(description, on_id)
         except InvalidJobException as exc:
             job.executor = None

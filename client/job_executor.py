@@ -9,6 +9,15 @@ an embedded local pilot (``PILOT_CONFIG`` picks its config) that stops when the 
 ``transient=True``. A daemon that is gone is reported at once, not at the timeout. The executor follows
 a daemon restarted on the same run directory by itself: jobs it holds that are not final are attached
 again, so their callbacks and ``Job.wait()`` resume (or they end FAILED if the new daemon lost them).
+
+``pipelined=True`` (keyword-only, or ``JobExecutorConfig(pipelined=True)``) makes ``submit`` return as
+soon as the job is handed to the pilot's connection, as PSI/J allows ("sent to the underlying
+implementation"): a stream of ``submit()`` calls from one thread then runs at the pilot's pace, not
+one round trip per job. The job turns QUEUED when the pilot has journaled it, or FAILED with the
+pilot's reason if it refuses it (a malformed description included); only what the client checks
+itself (a spec without an executable, say) raises at once. Jobs carry keys, so one whose answer a
+lost connection or a restarted daemon swallowed is sent again without ever running twice
+(``client/_pipeline.py``).
 """
 
 from __future__ import annotations
@@ -71,11 +80,21 @@ class JobExecutor:
         config: JobExecutorConfig | None = None,
         *,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        pipelined: bool | None = None,
     ) -> None:
         self.url = url
         self.config = config or JobExecutorConfig()
-        self._backend = Backend(url, request_timeout=request_timeout)
+        if pipelined is None:
+            pipelined = getattr(self.config, "pipelined", False)
+        if not isinstance(pipelined, bool):
+            raise TypeError(f"pipelined must be True or False, not {pipelined!r}")
+        self._backend = Backend(url, request_timeout=request_timeout, pipelined=pipelined)
         self._callback: JobStatusCallback | None = None
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether ``submit`` returns before the pilot's answer (QUEUED or FAILED then follows)."""
+        return self._backend.pipeline is not None
 
     @property
     def request_timeout(self) -> float:
@@ -90,10 +109,11 @@ class JobExecutor:
         config: JobExecutorConfig | None = None,
         *,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        pipelined: bool | None = None,
     ) -> JobExecutor:
         if name.lower() != "pilot":
             raise ValueError(f'No such executor "{name}". Available executors: [pilot]')
-        return JobExecutor(url=url, config=config, request_timeout=request_timeout)
+        return JobExecutor(url=url, config=config, request_timeout=request_timeout, pipelined=pipelined)
 
     @property
     def name(self) -> str:
@@ -114,6 +134,15 @@ class JobExecutor:
             job._native_id = native_id
             return functools.partial(_apply, job)
 
+        pipeline = self._backend.pipeline
+        if pipeline is not None:
+            job.executor = self
+            try:
+                pipeline.submit(description, on_id=on_id, on_failed=functools.partial(_apply, job))
+            except BaseException:
+                job.executor = None
+                raise
+            return
         job.executor = self
         try:
             t = self._backend.submit(description, on_id)
@@ -188,10 +217,19 @@ class JobExecutor:
             )
 
     def cancel(self, job: Job) -> None:
-        if job.native_id is None:
-            raise InvalidStateException(f"job {job.id} was never submitted")
+        if job.native_id is None and job.executor is self and job.status.state is JobState.NEW:
+            # Pipelined and not answered yet: its id comes with the answer (at most request_timeout).
+            job.wait(timeout=self.request_timeout, target_states=[JobState.QUEUED])
         if job.status.final:
             return
+        if job.native_id is None:
+            if job.executor is self:
+                raise SubmitException(
+                    f"the pilot has not answered job {job.id}'s submit within {self.request_timeout:g} s "
+                    "(request_timeout); cancel it again later",
+                    transient=True,
+                )
+            raise InvalidStateException(f"job {job.id} was never submitted")
         self._backend.cancel(job.native_id)
 
     def list(self) -> list[str]:

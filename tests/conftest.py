@@ -39,8 +39,8 @@ class Pilot:
     def pid(self) -> int:
         return int(self.info["pid"])  # type: ignore[call-overload]
 
-    def executor(self) -> psij.JobExecutor:
-        ex = psij.JobExecutor.get_instance("pilot", url=str(self.rundir.path))
+    def executor(self, *, pipelined: bool = False) -> psij.JobExecutor:
+        ex = psij.JobExecutor.get_instance("pilot", url=str(self.rundir.path), pipelined=pipelined)
         self.executors.append(ex)
         return ex
 

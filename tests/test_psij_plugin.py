@@ -154,6 +154,33 @@ def test_many_concurrent_jobs_each_see_every_state_once_in_order(start_pilot: An
     assert len({job.native_id for job in jobs}) == len(jobs)
 
 
+def test_a_pipelined_executor_from_psij_config_submits_before_the_answer(start_pilot: Any) -> None:
+    """``config.pipelined = True`` through psij's own get_instance: statuses still come once each, in
+    order, and a job the pilot refuses ends FAILED with the pilot's reason instead of raising."""
+    p = start_pilot(TWO_CORES)
+    config = psij.JobExecutorConfig()
+    config.pipelined = True  # type: ignore[attr-defined]
+    ex = psij.JobExecutor.get_instance("pilot", url=str(p.rundir.path), config=config)
+    try:
+        assert ex._backend.pipeline is not None  # type: ignore[attr-defined]
+        jobs = [psij.Job(psij.JobSpec("/bin/true")) for _ in range(40)]
+        recs = [Recorder() for _ in jobs]
+        for job, rec in zip(jobs, recs, strict=True):
+            job.set_job_status_callback(rec)
+            ex.submit(job)
+        too_big = psij.Job(psij.JobSpec("/bin/true", resources=psij.ResourceSpecV1(process_count=64)))
+        ex.submit(too_big)
+        for job, rec in zip(jobs, recs, strict=True):
+            assert final(job).state == psij.JobState.COMPLETED
+            assert rec.final.wait(WAIT.total_seconds())
+            assert rec.states == [psij.JobState.QUEUED, psij.JobState.ACTIVE, psij.JobState.COMPLETED], job.native_id
+        status = final(too_big)
+        assert status.state == psij.JobState.FAILED and "can never run" in str(status.message), status
+        assert len({job.native_id for job in jobs}) == len(jobs) and too_big.native_id is None
+    finally:
+        ex.close()
+
+
 def test_failing_job_is_failed_with_its_exit_code(start_pilot: Any, executors: Executors) -> None:
     p = start_pilot()
     ex = executors(str(p.rundir.path))
