@@ -28,7 +28,7 @@ from typing import Any
 
 import client as psij
 from bench import relay_floor
-from bench.throughput import APIS, pilot_rate, raw_spawn_rate
+from bench.throughput import APIS, executor_for, pilot_rate, raw_spawn_rate
 
 med = statistics.median
 
@@ -109,9 +109,10 @@ def start_blocker(ex: psij.JobExecutor, timeout: float = 60.0) -> psij.Job:
 def submit_queued(
     ex: psij.JobExecutor, n: int, timeout: float, *, api: str = "submit_all"
 ) -> tuple[float, float, list[psij.Job]]:
-    """Submit n /bin/true jobs that stay queued, with ``submit_all(jobs)`` or one ``submit(job)`` each;
-    returns (seconds for the call(s), seconds until the daemon has accepted all of them (every job has
-    its native id), jobs)."""
+    """Submit n /bin/true jobs that stay queued, with ``submit_all(jobs)`` or one ``submit(job)`` each (on
+    a pipelined executor for ``pipelined``: see :func:`bench.throughput.executor_for`); returns (seconds
+    for the call(s), seconds until the daemon has accepted all of them (every job has its native id),
+    jobs)."""
     spec = psij.JobSpec(executable="/bin/true")
     jobs = [psij.Job(spec) for _ in range(n)]
     t0 = time.perf_counter()
@@ -128,6 +129,20 @@ def submit_queued(
                 raise TimeoutError(f"not every submission accepted after {timeout} s")
             time.sleep(0.0005)
     return t_submit, time.perf_counter() - t0, jobs
+
+
+def _row_name(workload: str, api: str) -> str:
+    return workload if api == "submit_all" else f"{workload}/{api}"
+
+
+def _call(api: str) -> str:
+    return "pipelined submit()" if api == "pipelined" else f"{api}()"
+
+
+def _close_twins(ex: psij.JobExecutor, exes: dict[str, psij.JobExecutor]) -> None:
+    for other in exes.values():
+        if other is not ex:
+            other.close()
 
 
 def journal_rate(per: int, total: int) -> float:
@@ -152,23 +167,28 @@ def journal_rate(per: int, total: int) -> float:
 
 def w_throughput(home: Path, s: Sizes) -> list[Row]:
     """The figure is for ``submit_all(jobs)``, how a workflow engine with thousands of jobs at hand
-    submits; one ``submit(job)`` per job is measured in the same runs, alternating, as a second row."""
+    submits; one ``submit(job)`` per job, waiting for each answer and pipelined, are measured in the
+    same runs, alternating, as further rows."""
     n = s.pick(1000, 10_000)
     raw: list[float] = []
     pil: dict[str, list[float]] = {api: [] for api in APIS}
     failures = 0
     with pilot(home, "throughput", local_config()) as ex:
-        for _ in range(s.repeat):
-            raw.append(raw_spawn_rate(n))
-            for api in APIS:
-                rate, failed = pilot_rate(ex, n, timeout=max(120.0, n / 50), api=api)
-                pil[api].append(rate)
-                failures += failed
+        exes = {api: executor_for(ex, api) for api in APIS}
+        try:
+            for _ in range(s.repeat):
+                raw.append(raw_spawn_rate(n))
+                for api in APIS:
+                    rate, failed = pilot_rate(exes[api], n, timeout=max(120.0, n / 50), api=api)
+                    pil[api].append(rate)
+                    failures += failed
+        finally:
+            _close_twins(ex, exes)
     r = med(raw)
     return [
         Row(
-            "throughput" if api == "submit_all" else "throughput/submit",
-            f"{n:,} x /bin/true via client {api}(), 1 node",
+            _row_name("throughput", api),
+            f"{n:,} x /bin/true via client {_call(api)}, 1 node",
             med(pil[api]),
             "tasks/s",
             r,
@@ -176,7 +196,7 @@ def w_throughput(home: Path, s: Sizes) -> list[Row]:
             med(pil[api]) / r,
             ">= 0.6",
             med(pil[api]) / r >= 0.6,
-            f"{api}(); {failures} failed (both APIs)",
+            f"{_call(api)}; {failures} failed (all APIs)",
             {"pilot_per_s": pil[api], "raw_spawn_per_s": raw, "tasks": n, "api": api},
         )
         for api in APIS
@@ -277,20 +297,25 @@ def w_depth(home: Path, s: Sizes) -> Row:
 
 def w_submit(home: Path, s: Sizes) -> list[Row]:
     """Jobs accepted per second with ``submit_all(jobs)`` (the figure; baseline: the journal alone in
-    transactions of 1,000, what the daemon does per request) and with one ``submit(job)`` per job
-    (second row; baseline: the journal in transactions of 1), alternating."""
+    transactions of 1,000, what the daemon does per request), with one ``submit(job)`` per job
+    (baseline: the journal in transactions of 1) and with one pipelined ``submit(job)`` per job
+    (baseline: transactions of 1,000 again: the daemon journals a burst of them in one), alternating."""
     n = s.pick(5000, 20_000)
     accepted: dict[str, list[float]] = {api: [] for api in APIS}
     calls: dict[str, list[float]] = {api: [] for api in APIS}
     journal: dict[str, list[float]] = {api: [] for api in APIS}
-    batch = {"submit_all": 1000, "submit": 1}
+    batch = {"submit_all": 1000, "submit": 1, "pipelined": 1000}
     for _ in range(s.repeat):
         for api in APIS:
             journal[api].append(journal_rate(batch[api], max(2000, batch[api] * 10)))
-        for api in APIS:  # a fresh pilot each: both start from an empty queue
+        for api in APIS:  # a fresh pilot each: all start from an empty queue
             with pilot(home, "submit", local_config(cores_per_node=1, backlog=0)) as ex:
                 start_blocker(ex)
-                t_submit, t_accept, _ = submit_queued(ex, n, timeout=max(120.0, n / 100), api=api)
+                use = executor_for(ex, api)
+                try:
+                    t_submit, t_accept, _ = submit_queued(use, n, timeout=max(120.0, n / 100), api=api)
+                finally:
+                    _close_twins(ex, {api: use})
                 calls[api].append(n / t_submit)
                 accepted[api].append(n / t_accept)
     rows = []
@@ -298,8 +323,8 @@ def w_submit(home: Path, s: Sizes) -> list[Row]:
         a, j = med(accepted[api]), med(journal[api])
         rows.append(
             Row(
-                "submit" if api == "submit_all" else "submit/submit",
-                f"{n:,} queued jobs accepted by {api}()",
+                _row_name("submit", api),
+                f"{n:,} queued jobs accepted by {_call(api)}",
                 a,
                 "jobs/s",
                 j,
@@ -307,7 +332,7 @@ def w_submit(home: Path, s: Sizes) -> list[Row]:
                 a / j,
                 ">= 20,000/s",
                 a >= 20_000,
-                f"{api}() call(s) return at {med(calls[api]):,.0f} jobs/s",
+                f"{_call(api)} call(s) return at {med(calls[api]):,.0f} jobs/s",
                 {
                     "accepted_per_s": accepted[api],
                     "calls_per_s": calls[api],

@@ -6,8 +6,10 @@ Baseline: ``Popen('/bin/true')`` + ``wait`` from 2 threads, nothing else. Pilot:
 ``/bin/true`` jobs submitted through ``client.JobExecutor`` to an embedded local pilot, timed from the
 first submit to the last final state (pilot start-up excluded, one warm-up job first), the way a
 workflow engine with thousands of jobs at hand submits them: ``submit_all(jobs)`` (PSI/J's bulk
-submit); ``--api submit`` (or ``both``, the default) also times a loop of ``submit(job)``, one round
-trip per job. Runs alternate so that machine noise hits all; medians and their ratio are printed.
+submit); ``--api submit`` also times a loop of ``submit(job)``, one round trip per job, and ``--api
+pipelined`` the same loop on a pipelined executor (``submit()`` returns once the job is handed to the
+connection; QUEUED follows). ``--api all`` (the default) times each. Runs alternate so that machine
+noise hits all; medians and their ratio are printed.
 """
 
 from __future__ import annotations
@@ -52,7 +54,19 @@ def raw_spawn_rate(n: int, threads: int = 2, *, cpu: dict[str, float] | None = N
     return rate
 
 
-APIS = ("submit_all", "submit")
+#: How the jobs go in: one ``submit_all``; one ``submit`` per job, each waiting for its answer; one
+#: ``submit`` per job on a pipelined executor (``JobExecutor(pipelined=True)``).
+APIS = ("submit_all", "submit", "pipelined")
+
+
+def executor_for(ex: Any, api: str) -> Any:
+    """The executor ``api`` is measured with: ``ex`` itself, or for ``pipelined`` a pipelined executor of
+    the same pilot (close it after use)."""
+    import client as psij
+
+    if api != "pipelined":
+        return ex
+    return psij.JobExecutor.get_instance("pilot", url=ex.url, pipelined=True)
 
 
 def pilot_rate(
@@ -60,12 +74,16 @@ def pilot_rate(
 ) -> tuple[float, int]:
     """Tasks/s for n jobs (``spec``, default /bin/true) through the client; returns (rate, failures).
 
-    ``api``: ``submit_all`` (one bulk call, as a workflow engine with the jobs at hand does) or
-    ``submit`` (one call per job). ``timeout``: seconds to wait for all final states (TimeoutError
-    beyond); None waits forever."""
+    ``api``: ``submit_all`` (one bulk call, as a workflow engine with the jobs at hand does), ``submit``
+    (one call per job) or ``pipelined`` (one call per job; ``ex`` must be pipelined, see
+    :func:`executor_for`). ``timeout``: seconds to wait for all final states (TimeoutError beyond); None
+    waits forever."""
     import client as psij
 
     assert isinstance(ex, psij.JobExecutor)
+    assert ex.pipelined == (api == "pipelined"), (
+        f"the {api} runs need {'a' if api == 'pipelined' else 'no'} pipelined executor"
+    )
     # One wake-up when the last job ends (not one per job: the harness must not eat the cpus it measures).
     done = threading.Event()
     lock = threading.Lock()
@@ -146,14 +164,15 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     )
     ap.add_argument(
         "--api",
-        choices=[*APIS, "both"],
-        default="both",
-        help="submit_all: one bulk call; submit: one call per job; both (default): each, alternating",
+        choices=[*APIS, "all"],
+        default="all",
+        help="submit_all: one bulk call; submit: one call per job; pipelined: one call per job on a pipelined "
+        "executor; all (default): each, alternating",
     )
     ap.add_argument("--backlog", type=int, help="pilot.backlog of the embedded pilot (default: the pilot's)")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = ap.parse_args(argv)
-    apis = list(APIS) if args.api == "both" else [args.api]
+    apis = list(APIS) if args.api == "all" else [args.api]
 
     import client as psij
 
@@ -170,6 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             warm = psij.Job(psij.JobSpec(executable="/bin/true"))
             ex.submit(warm)
             warm.wait(timeout=60)
+            exes = {api: executor_for(ex, api) for api in apis}
             meter = CpuMeter(Path(home))
             raw: list[float] = []
             raw_cpu: dict[str, list[float]] = {}
@@ -185,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                 line += f" task {spent['task']:.0f})"
                 for api in apis:
                     before = meter.read()
-                    rate, failed = pilot_rate(ex, args.tasks, api=api)
+                    rate, failed = pilot_rate(exes[api], args.tasks, api=api)
                     after = meter.read()
                     for who in before:
                         cpu[api].setdefault(who, []).append((after[who] - before[who]) / args.tasks * 1e6)
@@ -194,6 +214,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                     us = " ".join(f"{who} {v[-1]:.0f}" for who, v in cpu[api].items())
                     line += f"  | {api}() {rate:6.0f}/s ratio {rate / raw[-1]:.2f}, cpu us/task: {us}"
                 print(line, file=sys.stderr)
+            for other in exes.values():
+                if other is not ex:
+                    other.close()
     r = statistics.median(raw)
     med = {api: statistics.median(v) for api, v in pil.items()}
     result = {
