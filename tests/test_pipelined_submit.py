@@ -338,3 +338,55 @@ def test_jobs_refused_for_want_of_room_are_sent_again(start_pilot: Callable[...,
     for job in jobs:
         ends(job, psij.JobState.COMPLETED, timeout=60)
     ends(blocker, psij.JobState.COMPLETED)
+
+
+def test_jobs_are_given_up_with_the_reason_when_no_pilot_answers(start_pilot: Callable[..., Pilot]) -> None:
+    """``request_timeout`` after their sending: a silent daemon's jobs end FAILED saying that the pilot may
+    still take them (and it does, once it runs again: what the message warns of); jobs sent to a daemon
+    that then dies end FAILED when no pilot has come back within the timeout, and new submits raise at
+    once (not sent) until one has."""
+    p = start_pilot(CONFIG)
+    agents_active(p.executor(), 1)
+    ex = psij.JobExecutor.get_instance("pilot", url=str(p.rundir.path), pipelined=True, request_timeout=1.0)
+    p.executors.append(ex)
+    ok = psij.Job(psij.JobSpec(executable="/bin/true"))
+    ex.submit(ok)
+    ends(ok, psij.JobState.COMPLETED)
+
+    os.kill(p.pid, signal.SIGSTOP)
+    try:
+        silent = [psij.Job(psij.JobSpec(executable="/bin/true")) for _ in range(3)]
+        for job in silent:
+            ex.submit(job)
+        for job in silent:
+            status = ends(job, psij.JobState.FAILED, timeout=10)
+            assert "did not answer within 1 s (request_timeout)" in str(status.message), status
+            assert "may still be accepted" in str(status.message), status
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    wait_for(lambda: len(p.executor().list()) == 4, what="the daemon to take the late jobs")
+
+    os.kill(p.pid, signal.SIGSTOP)
+    orphans = [psij.Job(psij.JobSpec(executable="/bin/true")) for _ in range(3)]
+    for job in orphans:
+        ex.submit(job)
+    time.sleep(0.2)  # handed to the socket
+    p.kill9()
+    for job in orphans:
+        status = ends(job, psij.JobState.FAILED, timeout=10)
+        assert "may still be accepted" in str(status.message), status
+    with pytest.raises(psij.SubmitException, match="no pilot is running") as err:
+        ex.submit(psij.Job(psij.JobSpec(executable="/bin/true")))
+    assert err.value.transient
+    p.up_again()  # the next pilot on the run directory is found by the same executor
+    again = psij.Job(psij.JobSpec(executable="/bin/true"))
+    wait_for(lambda: _submitted(ex, again), what="a submit to the restarted pilot")
+    ends(again, psij.JobState.COMPLETED, timeout=30)
+
+
+def _submitted(ex: psij.JobExecutor, job: psij.Job) -> bool:
+    try:
+        ex.submit(job)
+    except psij.SubmitException:
+        return False
+    return True
