@@ -44,6 +44,29 @@ SUBMIT_FIRST = 16
 SUBMIT_WINDOW = 4
 
 
+#: Environment variable that makes executors pipelined unless they are told otherwise (tools built on
+#: psij-python cannot pass the keyword): 1/true/yes or 0/false/no.
+ENV_PIPELINED = "PILOT_PIPELINED"
+_YES = ("1", "true", "yes", "on")
+_NO = ("", "0", "false", "no", "off")
+
+
+def pipelined_choice(explicit: bool | None, config: object) -> bool:
+    """Whether an executor submits pipelined: the keyword if given, else the config's ``pipelined``
+    attribute, else ``PILOT_PIPELINED``, else no."""
+    choice: object = explicit
+    if choice is None:
+        choice = getattr(config, "pipelined", None)
+    if choice is None:
+        value = os.environ.get(ENV_PIPELINED, "").strip().lower()
+        if value not in _YES + _NO:
+            raise ValueError(f"{ENV_PIPELINED}={os.environ[ENV_PIPELINED]!r}: use 1 (pipelined submits) or 0")
+        choice = value in _YES
+    if not isinstance(choice, bool):
+        raise TypeError(f"pipelined must be True or False, not {choice!r}")
+    return choice
+
+
 def check_timeout(request_timeout: float) -> float:
     if isinstance(request_timeout, bool) or not isinstance(request_timeout, int | float):
         raise TypeError(f"request_timeout must be a number of seconds, not {type(request_timeout).__name__}")

@@ -8,7 +8,8 @@ default pilot, else an embedded one configured by ``PILOT_CONFIG``). The keyword
 ``JobExecutor``; psij's ``get_instance`` cannot pass it, so construct ``PilotJobExecutor`` directly to
 change it. A daemon restarted on the same run directory is followed by itself (see
 ``client/_connection.py``). ``pipelined`` (keyword-only, or a ``pipelined = True`` attribute set on
-the ``psij.JobExecutorConfig`` passed to ``get_instance``) makes ``submit`` return before the pilot's
+the ``psij.JobExecutorConfig`` passed to ``get_instance``, or ``PILOT_PIPELINED=1`` in the environment)
+makes ``submit`` return before the pilot's
 answer, as our own ``JobExecutor(pipelined=True)`` does (``client/_pipeline.py``).
 
 Statuses of one job reach psij from two threads (``submit``/``attach`` in the caller's, the rest on
@@ -28,7 +29,7 @@ from typing import Any
 
 import psij
 
-from client._backend import Backend
+from client._backend import Backend, pipelined_choice
 from client._connection import DEFAULT_REQUEST_TIMEOUT, StatusSink
 from client._translate import spec_to_wire
 from client.exceptions import InvalidJobException, SubmitException
@@ -44,10 +45,7 @@ class PilotJobExecutor(psij.JobExecutor):
         pipelined: bool | None = None,
     ) -> None:
         super().__init__(url=url, config=config or psij.JobExecutorConfig())
-        if pipelined is None:
-            pipelined = getattr(self.config, "pipelined", False)
-        if not isinstance(pipelined, bool):
-            raise TypeError(f"pipelined must be True or False, not {pipelined!r}")
+        pipelined = pipelined_choice(pipelined, self.config)
         # Connects on first use: psij's suite builds every executor at collection.
         self._backend = Backend(url, request_timeout=request_timeout, pipelined=pipelined)
 

@@ -10,7 +10,8 @@ an embedded local pilot (``PILOT_CONFIG`` picks its config) that stops when the 
 a daemon restarted on the same run directory by itself: jobs it holds that are not final are attached
 again, so their callbacks and ``Job.wait()`` resume (or they end FAILED if the new daemon lost them).
 
-``pipelined=True`` (keyword-only, or ``JobExecutorConfig(pipelined=True)``) makes ``submit`` return as
+``pipelined=True`` (keyword-only, or ``JobExecutorConfig(pipelined=True)``, or ``PILOT_PIPELINED=1`` in
+the environment when neither says) makes ``submit`` return as
 soon as the job is handed to the pilot's connection, as PSI/J allows ("sent to the underlying
 implementation"): a stream of ``submit()`` calls from one thread then runs at the pilot's pace, not
 one round trip per job. The job turns QUEUED when the pilot has journaled it, or FAILED with the
@@ -26,7 +27,7 @@ import functools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from client._backend import Backend, Outcome
+from client._backend import Backend, Outcome, pipelined_choice
 from client._connection import DEFAULT_REQUEST_TIMEOUT, StatusSink
 from client._translate import spec_to_wire
 from client.exceptions import InvalidJobException, InvalidStateException, SubmitException
@@ -84,10 +85,7 @@ class JobExecutor:
     ) -> None:
         self.url = url
         self.config = config or JobExecutorConfig()
-        if pipelined is None:
-            pipelined = getattr(self.config, "pipelined", False)
-        if not isinstance(pipelined, bool):
-            raise TypeError(f"pipelined must be True or False, not {pipelined!r}")
+        pipelined = pipelined_choice(pipelined, self.config)
         self._backend = Backend(url, request_timeout=request_timeout, pipelined=pipelined)
         self._callback: JobStatusCallback | None = None
 

@@ -390,3 +390,32 @@ def _submitted(ex: psij.JobExecutor, job: psij.Job) -> bool:
     except psij.SubmitException:
         return False
     return True
+
+
+def test_pipelined_is_chosen_by_keyword_then_config_then_environment(
+    pilot_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No pilot is needed: an executor connects on first use."""
+
+    def made(**kwargs: Any) -> bool:
+        ex = psij.JobExecutor.get_instance("pilot", **kwargs)
+        try:
+            return ex.pipelined
+        finally:
+            ex.close()
+
+    monkeypatch.delenv("PILOT_PIPELINED", raising=False)
+    assert not made()
+    assert made(pipelined=True)
+    assert made(config=psij.JobExecutorConfig(pipelined=True))
+    monkeypatch.setenv("PILOT_PIPELINED", "yes")
+    assert made()
+    assert not made(pipelined=False) and not made(config=psij.JobExecutorConfig(pipelined=False))
+    monkeypatch.setenv("PILOT_PIPELINED", "0")
+    assert not made()
+    monkeypatch.setenv("PILOT_PIPELINED", "maybe")
+    with pytest.raises(ValueError, match="PILOT_PIPELINED='maybe': use 1"):
+        made()
+    with pytest.raises(TypeError, match="pipelined must be True or False"):
+        made(config=psij.JobExecutorConfig(pipelined="yes"))
+    assert list(pilot_home.iterdir()) == []  # nothing was started
