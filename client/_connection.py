@@ -310,6 +310,11 @@ class Connection:
         with self._lock:
             return sum(1 for p in self._pending.values() if p.sent and not p.internal)
 
+    def unsent(self) -> int:
+        """Requests waiting to be handed to a socket (queued, or held back to be sent later)."""
+        with self._lock:
+            return sum(1 for p in self._pending.values() if not p.sent and not p.internal)
+
     # -- caller side --------------------------------------------------------------------------------
 
     def request(

@@ -9,8 +9,8 @@ default pilot, else an embedded one configured by ``PILOT_CONFIG``). The keyword
 change it. A daemon restarted on the same run directory is followed by itself (see
 ``client/_connection.py``). ``pipelined`` (keyword-only, or a ``pipelined = True`` attribute set on
 the ``psij.JobExecutorConfig`` passed to ``get_instance``, or ``PILOT_PIPELINED=1`` in the environment)
-makes ``submit`` return before the pilot's
-answer, as our own ``JobExecutor(pipelined=True)`` does (``client/_pipeline.py``).
+makes ``submit`` return before the pilot's answer, as our own ``JobExecutor(pipelined=True)`` does
+(``client/_pipeline.py``).
 
 Statuses of one job reach psij from two threads (``submit``/``attach`` in the caller's, the rest on
 the connection's delivering worker). psij's ``Job.status`` setter checks and assigns in two separate

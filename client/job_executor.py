@@ -11,19 +11,19 @@ a daemon restarted on the same run directory by itself: jobs it holds that are n
 again, so their callbacks and ``Job.wait()`` resume (or they end FAILED if the new daemon lost them).
 
 ``pipelined=True`` (keyword-only, or ``JobExecutorConfig(pipelined=True)``, or ``PILOT_PIPELINED=1`` in
-the environment when neither says) makes ``submit`` return as
-soon as the job is handed to the pilot's connection, as PSI/J allows ("sent to the underlying
-implementation"): a stream of ``submit()`` calls from one thread then runs at the pilot's pace, not
-one round trip per job. The job turns QUEUED when the pilot has journaled it, or FAILED with the
-pilot's reason if it refuses it (a malformed description included); only what the client checks
-itself (a spec without an executable, say) raises at once. Jobs carry keys, so one whose answer a
-lost connection or a restarted daemon swallowed is sent again without ever running twice
-(``client/_pipeline.py``).
+the environment when neither says) makes ``submit`` return as soon as the job is handed to the pilot's
+connection, as PSI/J allows ("sent to the underlying implementation"): a stream of ``submit()`` calls
+from one thread then runs at the pilot's pace, not one round trip per job. The job turns QUEUED when
+the pilot has journaled it, or FAILED with the pilot's reason if it refuses it (a malformed description
+included); only what the client checks itself (a spec without an executable, say) raises at once. Jobs
+carry keys, so one whose answer a lost connection or a restarted daemon swallowed is sent again without
+ever running twice (``client/_pipeline.py``).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -216,8 +216,11 @@ class JobExecutor:
 
     def cancel(self, job: Job) -> None:
         if job.native_id is None and job.executor is self and job.status.state is JobState.NEW:
-            # Pipelined and not answered yet: its id comes with the answer (at most request_timeout).
-            job.wait(timeout=self.request_timeout, target_states=[JobState.QUEUED])
+            # Pipelined and not answered yet: its id comes with the answer (at most request_timeout). The
+            # reader sets it before QUEUED is delivered, which a callback calling this may be holding up.
+            deadline = time.monotonic() + self.request_timeout
+            while job.native_id is None and not job.status.final and time.monotonic() < deadline:
+                job.wait(timeout=0.05, target_states=[JobState.QUEUED])
         if job.status.final:
             return
         if job.native_id is None:

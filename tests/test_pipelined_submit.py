@@ -126,7 +126,8 @@ def test_jobs_in_flight_when_the_daemon_is_killed_are_sent_again_and_run_once(
     jobs = [rec.job(out, i) for i in range(20, 60)]
     for job in jobs:
         ex.submit(job)
-    time.sleep(0.2)  # let the connection hand them to the socket: sent, never answered
+    conn = ex._backend.connection
+    wait_for(lambda: conn.unsent() == 0 and conn.in_flight(), what="the jobs to be sent (never answered)")
     p.kill9()
     p.up_again()
     for job in jobs:
@@ -370,7 +371,8 @@ def test_jobs_are_given_up_with_the_reason_when_no_pilot_answers(start_pilot: Ca
     orphans = [psij.Job(psij.JobSpec(executable="/bin/true")) for _ in range(3)]
     for job in orphans:
         ex.submit(job)
-    time.sleep(0.2)  # handed to the socket
+    conn = ex._backend.connection
+    wait_for(lambda: conn.unsent() == 0 and conn.in_flight(), what="the jobs to be sent (never answered)")
     p.kill9()
     for job in orphans:
         status = ends(job, psij.JobState.FAILED, timeout=10)
@@ -419,3 +421,43 @@ def test_pipelined_is_chosen_by_keyword_then_config_then_environment(
     with pytest.raises(TypeError, match="pipelined must be True or False"):
         made(config=psij.JobExecutorConfig(pipelined="yes"))
     assert list(pilot_home.iterdir()) == []  # nothing was started
+
+
+def test_cancel_before_the_answer_waits_for_it_even_from_a_callback(start_pilot: Callable[..., Pilot]) -> None:
+    """``cancel()`` of a pipelined job the pilot has not answered yet cancels it once the answer comes:
+    from the submitting thread, and from a callback, which holds up the delivery of that job's QUEUED."""
+    p = start_pilot(CONFIG)
+    agents_active(p.executor(), 1)
+    ex = psij.JobExecutor.get_instance("pilot", url=str(p.rundir.path), pipelined=True, request_timeout=60)
+    p.executors.append(ex)
+
+    def sleeper() -> psij.Job:
+        return psij.Job(psij.JobSpec(executable="/bin/sleep", arguments=["60"]))
+
+    first, second, third = sleeper(), sleeper(), sleeper()
+    errors: list[BaseException] = []
+
+    def submit_and_cancel_second(job: psij.Job, status: psij.JobStatus) -> None:
+        if status.state is psij.JobState.QUEUED:
+            try:
+                ex.submit(second)
+                ex.cancel(second)  # its QUEUED can only be delivered after this callback returns
+            except BaseException as exc:
+                errors.append(exc)
+
+    first.set_job_status_callback(submit_and_cancel_second)
+    os.kill(p.pid, signal.SIGSTOP)
+    try:
+        ex.submit(third)
+        canceller = threading.Thread(target=ex.cancel, args=(third,))
+        canceller.start()  # waits for the answer
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    canceller.join(timeout=30)
+    assert not canceller.is_alive()
+    ends(third, psij.JobState.CANCELED, timeout=20)
+    ex.submit(first)
+    ends(second, psij.JobState.CANCELED, timeout=20)  # well before the 60 s request_timeout
+    assert not errors, errors
+    ex.cancel(first)
+    ends(first, psij.JobState.CANCELED)
