@@ -1,10 +1,13 @@
 """The process engine's contract with the agent loop, driven directly: the loop sleeps until
 ``next_deadline`` or a poke, and every exit still reaches it, also when the engine holds exits back
-and skips the poke because orders wait behind the exiting task (real processes, no pilot)."""
+and skips the poke because orders wait behind the exiting task (real processes, no pilot). Each test
+runs with both ways of reaping: pidfds (the pinned spawner waits for its own task) and ``wait4(-1)``
+with a sentinel child (``PILOT_AGENT_PIDFDS=0``, as where pidfds are missing)."""
 
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 from pathlib import Path
@@ -18,17 +21,31 @@ from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
 
 
+@pytest.fixture(autouse=True, params=["pidfd", "wait4"])
+def reaping(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The way the engines of a test reap (read when an engine is made)."""
+    mode: str = request.param
+    if mode == "wait4":
+        monkeypatch.setenv("PILOT_AGENT_PIDFDS", "0")
+    else:
+        monkeypatch.delenv("PILOT_AGENT_PIDFDS", raising=False)
+    return mode
+
+
 class _Loop:
     """What agent.Agent._loop does with the engine: drain, then wait for a poke or the deadline (no
     deadline: a poke only)."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *, declared: int = 1) -> None:
+        """``declared`` cores, all on one real cpu (more than one: no spawner waits for its own task)."""
         self.poked = threading.Event()
         self.pokes = 0
         self.batches: list[list[str]] = []  # the jobs whose exits each drain gave, in order
         cpu = min(os.sched_getaffinity(0))
-        node = NodeConfigured("n0", "localhost", [cpu], 1 << 30)
-        self.engine = ProcessEngine(node=node, workdir=tmp_path, notify=self._poke)
+        cores = [cpu] if declared == 1 else list(range(declared))
+        node = NodeConfigured("n0", "localhost", cores, 1 << 30)
+        cpu_map = None if declared == 1 else dict.fromkeys(cores, cpu)
+        self.engine = ProcessEngine(node=node, workdir=tmp_path, notify=self._poke, cpu_map=cpu_map)
         self.cpu = cpu
 
     def _poke(self) -> None:
@@ -153,12 +170,18 @@ def _sentinels(known: set[int]) -> list[psutil.Process]:
 
 
 @pytest.mark.timeout(60)
-def test_a_sentinel_child_keeps_the_reaper_in_wait4_while_the_engine_lives(tmp_path: Path) -> None:
+def test_a_sentinel_child_keeps_the_reaper_in_wait4_while_the_engine_lives(tmp_path: Path, reaping: str) -> None:
     """With no task running the reaper still waits in wait4 (a task's start then need not wake it): on
-    a child of the engine's own, which stop() ends and reaps."""
+    a child of the engine's own, which stop() ends and reaps. With pidfds there is none."""
     known = {p.pid for p in psutil.Process().children()}
     loop = _Loop(tmp_path)
     loop.engine.start()
+    if reaping == "pidfd":
+        try:
+            assert _sentinels(known) == []
+        finally:
+            loop.engine.stop()
+        return
     try:
         (sentinel,) = _sentinels(known)
         assert sentinel.environ() == {}  # nothing of the agent's (its credentials were in its environment)
@@ -173,7 +196,9 @@ def test_a_sentinel_child_keeps_the_reaper_in_wait4_while_the_engine_lives(tmp_p
 
 
 @pytest.mark.timeout(60)
-def test_tasks_are_still_reaped_once_the_sentinel_is_gone(tmp_path: Path) -> None:
+def test_tasks_are_still_reaped_once_the_sentinel_is_gone(tmp_path: Path, reaping: str) -> None:
+    if reaping == "pidfd":
+        pytest.skip("no sentinel with pidfds")
     known = {p.pid for p in psutil.Process().children()}
     loop = _Loop(tmp_path)
     loop.engine.start()
@@ -218,5 +243,32 @@ def test_an_order_waiting_for_its_cores_can_be_withdrawn_one_started_cannot(tmp_
         # or have run (its marker).
         assert not loop.engine.busy()
         assert not marker.exists(), "the withdrawn order ran"
+    finally:
+        loop.engine.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_task_without_a_pidfd_is_still_reaped(tmp_path: Path, reaping: str) -> None:
+    """Out of file descriptors, the reaper cannot open a task's pidfd: it looks for the exit itself."""
+    if reaping != "pidfd":
+        pytest.skip("pidfds only")
+    loop = _Loop(tmp_path, declared=2)  # two cores on one cpu: the reaper waits for the tasks
+    loop.engine.start()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        lowest_free = os.dup(0)
+        os.close(lowest_free)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no new fd can be had
+        try:
+            with pytest.raises(OSError):
+                os.close(os.pidfd_open(os.getpid()))  # as the engine will find
+            loop.engine.submit([_order("j", 0, ["exit 3"], after=False)])
+            (exited,) = [e for e in loop.run_until({("j", 0)}, limit=30) if e.kind == "exited"]
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert exited.data["exit_code"] == 3 and exited.data["wall_duration"] > 0
+        loop.engine.submit([_order("k", 1, ["exit 4"], after=False)])  # with a pidfd again
+        (exited,) = [e for e in loop.run_until({("k", 0)}, limit=30) if e.kind == "exited"]
+        assert exited.data["exit_code"] == 4
     finally:
         loop.engine.stop()
