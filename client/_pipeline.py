@@ -4,7 +4,9 @@ PSI/J's ``submit()`` promises that the job "has been sent to the underlying impl
 every later change of its status, failures included, comes as a notification. A pipelined executor
 keeps that promise without a round trip per call: the job's QUEUED follows as a status once the pilot
 has journaled it, or FAILED with the pilot's reason when it refuses the job (one that can never fit
-its allocation, say). Jobs submitted while earlier ones are unanswered leave together in one frame.
+its allocation, say). While ``OUTSTANDING`` requests of a stream are unanswered, the jobs submitted
+meanwhile gather in the next one (up to ``GROUP_JOBS``), which leaves with the first answer: a stream
+goes out in frames as large as the pilot's pace makes them, and a lone job at once.
 
 Nothing is made twice or lost on the way. Each job carries a key, which the pilot journals with it
 (this executor's random prefix and a count: unique without a uuid, and its system call, per job). A
@@ -27,6 +29,7 @@ import itertools
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -35,6 +38,8 @@ from client.exceptions import SubmitException
 
 #: Jobs a pipelined executor may have sent and not had answered: a few full frames (GROUP_JOBS).
 WINDOW: Final = 4 * GROUP_JOBS
+#: Requests of a stream sent and not answered at most (the pilot works on one while the next travels).
+OUTSTANDING: Final = 2
 #: Seconds before jobs the pilot had no room for are sent again (the reader's look comes within 0.5 s).
 RETRY_DELAY: Final = 0.5
 _FINAL: Final = ("COMPLETED", "FAILED", "CANCELED")
@@ -45,15 +50,22 @@ _Job = tuple[Callable[[str], StatusSink], StatusSink]
 
 class _Request:
     """One SUBMIT of pipelined jobs: more join it until the connection sends it (then a new one opens).
-    The three lists grow together, under the connection's lock (``Connection.join``)."""
+    The three lists grow together: under the pipeline's lock while it holds the request, under the
+    connection's (``Connection.join``) once it is handed over."""
 
-    __slots__ = ("descriptions", "jobs", "keys", "ticket")
+    __slots__ = ("counted", "descriptions", "jobs", "keys", "ticket")
 
     def __init__(self) -> None:
         self.descriptions: list[dict[str, Any]] = []
         self.keys: list[str] = []
         self.jobs: list[_Job] = []
-        self.ticket: Ticket | None = None
+        self.ticket: Ticket | None = None  # None: held by the pipeline, not handed to the connection yet
+        self.counted = False  # one of the OUTSTANDING (a retry is not)
+
+    def add(self, description: dict[str, Any], key: str, job: _Job) -> None:
+        self.descriptions.append(description)
+        self.keys.append(key)
+        self.jobs.append(job)
 
 
 class Pipeline:
@@ -67,6 +79,8 @@ class Pipeline:
         self._count = 0  # jobs sent (or being sent) and not answered or given up
         self._waiters = 0  # threads waiting in submit() or flush()
         self._open: _Request | None = None  # the request new jobs join while it waits to be sent
+        self._held: deque[_Request] = deque()  # requests not handed over yet, in order (the last is _open)
+        self._outstanding = 0  # counted requests handed over and not answered
         self._prefix = uuid.uuid4().hex[:20] + "-"
         self._serial = itertools.count(1)
 
@@ -96,21 +110,18 @@ class Pipeline:
             try:
                 conn = self._connection()
                 joining = self._open
-                if joining is not None and joining.ticket is not None and len(joining.jobs) < GROUP_JOBS:
-
-                    def add() -> None:
-                        assert joining is not None
-                        joining.descriptions.append(description)
-                        joining.keys.append(key)
-                        joining.jobs.append(job)
-
-                    if conn.join(joining.ticket, add):
+                if joining is not None and len(joining.jobs) < GROUP_JOBS:
+                    if joining.ticket is None:  # held: the next answer hands it over
+                        joining.add(description, key, job)
+                        return
+                    if conn.join(joining.ticket, functools.partial(joining.add, description, key, job)):
                         return
                 request = self._open = _Request()
-                request.descriptions.append(description)
-                request.keys.append(key)
-                request.jobs.append(job)
-                request.ticket = self._send(conn, request, delay=0.0)
+                request.add(description, key, job)
+                if self._outstanding < OUTSTANDING:
+                    self._hand(conn, request)
+                else:
+                    self._held.append(request)
             except BaseException:
                 self._count -= 1
                 self._open = None
@@ -148,18 +159,18 @@ class Pipeline:
         finally:
             self._waiters -= 1
 
-    def _settled(self, count: int) -> None:
-        with self._cond:
-            self._count -= count
-            if self._waiters:
-                self._cond.notify_all()
+    def _hand(self, conn: Connection, request: _Request) -> None:
+        """Hand a request to the connection, as one of the OUTSTANDING (``_cond`` held)."""
+        request.ticket = self._send(conn, request, delay=0.0)
+        request.counted = True
+        self._outstanding += 1
 
     def _send(self, conn: Connection, request: _Request, *, delay: float) -> Ticket:
         return conn.submit(
             request.descriptions,
             keys=request.keys,
             on_reply=functools.partial(self._answered, conn, request),
-            on_lost=functools.partial(self._failed, conn, request.jobs),
+            on_lost=functools.partial(self._lost, conn, request),
             timeout=self._timeout,
             delay=delay,
         )
@@ -170,13 +181,14 @@ class Pipeline:
         results = body.get("results")
         if not isinstance(results, list) or len(results) != len(jobs):
             error = body.get("error") if isinstance(body.get("error"), str) else None
-            self._failed(conn, jobs, error or f"malformed reply from the pilot: {str(body)[:200]}")
+            self._lost(conn, request, error or f"malformed reply from the pilot: {str(body)[:200]}")
             return
         follow: list[tuple[str, StatusSink]] = []
         statuses: list[tuple[list[Any], StatusSink]] = []
         again = _Request()
         now = time.time()
-        for i, (result, (on_id, on_failed)) in enumerate(zip(results, jobs, strict=True)):
+        for i, (result, job) in enumerate(zip(results, jobs, strict=True)):
+            on_id, on_failed = job
             if isinstance(result, dict) and "id" in result:
                 native_id = str(result["id"])
                 sink = on_id(native_id)
@@ -191,9 +203,7 @@ class Pipeline:
                     when = float(t) if isinstance(t, int | float) and not isinstance(t, bool) else now
                     statuses.append(([native_id, "QUEUED", when, None, None, None], sink))
             elif isinstance(result, dict) and result.get("retry"):  # refused for want of room: nothing was done
-                again.descriptions.append(request.descriptions[i])
-                again.keys.append(request.keys[i])
-                again.jobs.append((on_id, on_failed))
+                again.add(request.descriptions[i], request.keys[i], job)
             else:
                 error = result.get("error") if isinstance(result, dict) else None
                 message = f"the pilot did not accept the job: {error}" if error else "malformed result from the pilot"
@@ -201,16 +211,44 @@ class Pipeline:
         conn.subscribe_many(follow)  # before any later frame is read: the jobs' events find their sinks
         for status, sink in statuses:
             conn.emit(status, [sink])
+        retried = 0
         if again.jobs:
             try:
-                self._send(conn, again, delay=RETRY_DELAY)
+                again.ticket = self._send(conn, again, delay=RETRY_DELAY)
+                retried = len(again.jobs)
             except SubmitException as exc:
-                self._failed(conn, again.jobs, exc.message)
-        self._settled(len(jobs) - len(again.jobs))
+                self._fail_jobs(conn, again.jobs, exc.message)
+        self._settled(conn, request, len(jobs) - retried)
 
-    def _failed(self, conn: Connection, jobs: list[_Job], message: str) -> None:
-        """Refused, or given up (on the reader): each job ends FAILED with the reason."""
+    def _lost(self, conn: Connection, request: _Request, message: str) -> None:
+        """Given up (on the reader): its jobs end FAILED with the reason."""
+        self._fail_jobs(conn, request.jobs, message)
+        self._settled(conn, request, len(request.jobs))
+
+    def _fail_jobs(self, conn: Connection, jobs: list[_Job], message: str) -> None:
         now = time.time()
         for _, on_failed in jobs:
             conn.emit([None, "FAILED", now, None, message, None], [on_failed])
-        self._settled(len(jobs))
+
+    def _settled(self, conn: Connection, request: _Request, count: int) -> None:
+        """``count`` jobs of ``request`` are answered for; if it was one of the OUTSTANDING, the requests
+        held meanwhile go now (jobs they cannot be handed over for end FAILED)."""
+        refused: list[tuple[list[_Job], str]] = []
+        with self._cond:
+            self._count -= count
+            if request.counted:
+                request.counted = False
+                self._outstanding -= 1
+                while self._held and self._outstanding < OUTSTANDING:
+                    held = self._held.popleft()
+                    try:
+                        self._hand(conn, held)
+                    except SubmitException as exc:
+                        if held is self._open:
+                            self._open = None
+                        self._count -= len(held.jobs)
+                        refused.append((held.jobs, exc.message))
+            if self._waiters:
+                self._cond.notify_all()
+        for jobs, message in refused:
+            self._fail_jobs(conn, jobs, message)

@@ -63,14 +63,21 @@ def test_submit_returns_before_the_answer_and_every_job_runs_once(
     agents_active(p.executor(), 1)
     out = tmp_path / "out"
     rec = Recorder()
+    conn = ex._backend.connection
     os.kill(p.pid, signal.SIGSTOP)  # a daemon that answers nothing: submit() must not wait for it
     try:
         held = [rec.job(out, i) for i in range(50)]
         for job in held:
             ex.submit(job)
         assert all(job.status.state is psij.JobState.NEW and job.native_id is None for job in held)
+        # The first job went alone, the next ones in a second request (OUTSTANDING); any more wait in the
+        # executor for an answer, together.
+        wait_for(lambda: conn.unsent() == 0, what="the requests handed over to be sent")
+        assert conn.submit_frames == 2, conn.submit_frames
     finally:
         os.kill(p.pid, signal.SIGCONT)
+    ends(held[-1], psij.JobState.COMPLETED, timeout=60)
+    assert conn.submit_frames <= 3, conn.submit_frames
     more = [rec.job(out, i) for i in range(50, 400)]
     for job in more:
         ex.submit(job)
@@ -259,8 +266,16 @@ def test_answers_lost_after_the_journal_took_the_jobs_are_made_good(
         lost = [rec.job(out, i) for i in range(10, 40)]
         for job in lost:
             ex.submit(job)
-        wait_for(lambda: len(watcher.list()) == 40 and relay.swallowed, what="the daemon to journal the jobs")
-        wait_for(lambda: runs(out) == Counter(range(40)), what="the jobs to run, unknown to their client")
+        # The requests sent (the rest wait in the executor for their answers) are journaled, their jobs run,
+        # their answers are swallowed: well within the 10 s request timeout.
+        conn = ex._backend.connection
+        wait_for(
+            lambda: conn.unsent() == 0 and relay.swallowed == conn.in_flight() > 0,
+            what="the daemon to answer every request sent",
+        )
+        taken = len(watcher.list()) - 10
+        assert 0 < taken <= 30, taken
+        wait_for(lambda: len(runs(out)) == 10 + taken, what="the jobs taken to run, unknown to their client")
         assert all(job.native_id is None for job in lost)
         relay.swallow.clear()
         relay.cut()
