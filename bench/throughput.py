@@ -1,6 +1,6 @@
 """End-to-end throughput of short tasks through the PSI/J client vs this machine's raw spawn rate.
 
-    python bench/throughput.py [--tasks 2000] [--repeat 3] [--nodes 1] [--api both] [--json FILE]
+    python bench/throughput.py [--tasks 2000] [--repeat 3] [--nodes 1] [--api all] [--json FILE]
 
 Baseline: ``Popen('/bin/true')`` + ``wait`` from 2 threads, nothing else. Pilot: the same number of
 ``/bin/true`` jobs submitted through ``client.JobExecutor`` to an embedded local pilot, timed from the

@@ -385,9 +385,7 @@ class Connection:
             behind = bool(self._outbox)  # the I/O thread has been woken for those already
             if pending.on_lost is not None:
                 self._unwaited += 1
-            # A stream of pipelined submits goes through the outbox while one is unanswered, so the I/O
-            # thread sends what gathered meanwhile in one frame; a lone one leaves at once.
-            direct = not behind and self._live is not None and (pending.on_lost is None or self._unwaited == 1)
+            direct = not behind and self._live is not None
             if not direct:
                 self._outbox.append(rid)
         if direct:
