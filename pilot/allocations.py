@@ -6,11 +6,16 @@ to one allocation), so each allocation keeps the nodes its agents registered and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pilot.config import AllocationSettings
+import structlog
+
+from pilot.config import AllocationSettings, AutoscaleSettings
 from pilot.lrm.base import Allocation, AllocationState, LrmExecutor
+
+log = structlog.get_logger("pilot.allocations")
 
 
 @dataclass(slots=True, eq=False)
@@ -115,3 +120,161 @@ def node_allocation_key(name: str) -> str:
 
 def fresh_key(held: dict[str, PilotAllocation]) -> str:
     return f"a{max((int(k[1:]) for k in held), default=0) + 1}"
+
+
+#: Journal meta key: failed allocations in a row, and why auto-allocation stopped.
+AUTOSCALE_META = "autoscale"
+
+
+class AllocationBook:
+    """The allocations held and what auto-allocation decides about them: pure state, no batch system
+    calls (the daemon's shell makes those). Every question of the form "may this job still run
+    somewhere?" is answered here."""
+
+    #: The journal's meta key for :meth:`failures_record`.
+    META = AUTOSCALE_META
+
+    def __init__(self, *, sites: list[Site], autoscale: AutoscaleSettings) -> None:
+        self.sites = sites
+        self.autoscale = autoscale
+        #: The allocations held, in the order they were requested (``a1``, ``a2``, ...), ended ones too.
+        self.held: dict[str, PilotAllocation] = {}
+        #: Allocations that failed to start in a row, and why auto-allocation gave up.
+        self.failures = 0
+        self.stopped = ""
+        #: Since when queued work has waited (monotonic), and whether a request is under way.
+        self.backlog_since: float | None = None
+        self.growing = False
+        #: The pilot is stopping: nothing new is requested or placed.
+        self.stopping = False
+
+    def of_node(self, name: str) -> PilotAllocation | None:
+        return self.held.get(node_allocation_key(name))
+
+    def can_grow(self) -> bool:
+        """Auto-allocation may still bring another allocation."""
+        return self.autoscale.enabled and not self.stopped and not self.stopping
+
+    def may_run_later(self, duration: float | None, *, needs: str | None = None, now: float) -> bool:
+        """Whether a job of this duration (and launcher's batch system) may start on an allocation held
+        now or on one auto-allocation can still bring."""
+        if any(h.usable and h.takes(duration, needs, now=now) for h in self.held.values()):
+            return True
+        return self.can_grow() and any(s.could_take(duration, needs) for s in self.sites)
+
+    def room_to_grow(self) -> bool:
+        """More capacity may come: an allocation is starting, or auto-allocation may request one."""
+        if not self.can_grow():
+            return False
+        alive = [h for h in self.held.values() if h.alive]
+        if any(not h.ready for h in alive):
+            return True  # one is on its way
+        held_nodes = sum(h.allocation.nodes for h in alive)
+        smallest = min(s.settings.nodes for s in self.sites)
+        a = self.autoscale
+        return len(alive) < a.max_pilots and (a.max_nodes is None or held_nodes + smallest <= a.max_nodes)
+
+    def all_over(self) -> bool:
+        return not any(h.alive for h in self.held.values()) and not self.can_grow()
+
+    def failed_to_start(self, what: str) -> dict[str, Any]:
+        """One more allocation that never started; ``autoscale.max_failures`` in a row stop auto-allocation.
+        Returns the journal's record of the count: it outlives a restart, so a daemon killed between
+        failures does not start over and request more than ``max_failures`` in a row."""
+        self.failures += 1
+        a = self.autoscale
+        if a.enabled and self.failures >= a.max_failures and not self.stopped:
+            self.stopped = (
+                f"{self.failures} allocations in a row failed to start (autoscale.max_failures); the last: {what}"
+            )
+            log.error("auto-allocation stopped", reason=self.stopped)
+        return self.failures_record()
+
+    def failures_record(self) -> dict[str, Any]:
+        return {"failures": self.failures, "stopped": self.stopped}
+
+    def restore_failures(self, value: Any) -> None:
+        if value is None:
+            return
+        failures = value.get("failures") if isinstance(value, dict) else None
+        stopped = value.get("stopped") if isinstance(value, dict) else None
+        if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0 or not isinstance(stopped, str):
+            log.warning("the journal's count of failed allocations is damaged; counting from 0", value=repr(value))
+            return
+        self.failures, self.stopped = failures, stopped
+
+    def idle_to_release(
+        self, *, mono: float, queued: int, busy: Callable[[PilotAllocation], bool]
+    ) -> list[PilotAllocation]:
+        """Allocations idle for ``idle_timeout`` (above ``min_pilots``): of several, the one ending first
+        goes first, so those kept have the most time left."""
+        cfg = self.autoscale
+        alive = [h for h in self.held.values() if h.alive]
+        out: list[PilotAllocation] = []
+        if cfg.idle_timeout is None:
+            return out
+        for held in sorted(alive, key=lambda h: h.end() or float("inf")):
+            if not held.ready or queued or busy(held):
+                held.idle_since = None
+                continue
+            if held.idle_since is None:
+                held.idle_since = mono
+            elif mono - held.idle_since >= cfg.idle_timeout and len(alive) - len(out) > cfg.min_pilots:
+                out.append(held)
+        return out
+
+    def site_to_grow(
+        self, *, mono: float, queued: int, draining: bool, could_run: Callable[[Site], bool]
+    ) -> Site | None:
+        """The site to request one more allocation from, when queued work has waited ``grow_after`` and
+        none is on its way, within ``max_pilots`` and ``max_nodes``: the first (config order) whose
+        allocations ``could_run`` the oldest queued jobs. Marks the request under way."""
+        cfg = self.autoscale
+        if not queued or draining:
+            self.backlog_since = None
+            return None
+        if self.backlog_since is None:
+            self.backlog_since = mono
+        alive = [h for h in self.held.values() if h.alive]
+        if (
+            self.stopped
+            or self.growing
+            or mono - self.backlog_since < cfg.grow_after
+            or any(not h.ready for h in alive)  # one is on its way: its nodes may be enough
+            or len(alive) >= cfg.max_pilots
+        ):
+            return None
+        held_nodes = sum(h.allocation.nodes for h in alive)
+        room = None if cfg.max_nodes is None else cfg.max_nodes - held_nodes
+        for s in self.sites:
+            if (room is None or s.settings.nodes <= room) and could_run(s):
+                self.growing = True
+                self.backlog_since = mono  # the next one waits grow_after again
+                return s
+        return None
+
+    def coming(self) -> list[str]:
+        """What may still add room: allocations on their way, auto-allocation's state."""
+        notes = [
+            f"allocation {h.key} (site {h.site.name}) is {h.allocation.state.value}: its nodes may take it"
+            for h in self.held.values()
+            if h.alive and not h.ready
+        ]
+        if self.growing:
+            notes.append("auto-allocation is requesting another allocation")
+        elif self.stopped:
+            notes.append(f"auto-allocation stopped: {self.stopped}")
+        return notes
+
+    def autoscale_status(self) -> dict[str, Any] | None:
+        a = self.autoscale
+        if not a.enabled:
+            return None
+        return {
+            "max_pilots": a.max_pilots,
+            "max_nodes": a.max_nodes,
+            "idle_timeout": a.idle_timeout,
+            "failures": self.failures,
+            "stopped": self.stopped or None,
+            "growing": self.growing,
+        }

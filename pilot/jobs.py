@@ -1,4 +1,4 @@
-"""The daemon's record of one job: its description, state, placement, processes and Delivered."""
+"""The daemon's record of one job: its description, state, phase, and its current attempt."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pilot.core.phase import Phase
 from pilot.launchers.base import PlannedProcess
 from pilot.model.job_description import JobDescription
 from pilot.model.job_state import JobState
@@ -29,27 +30,37 @@ class ProcessResult:
 
 
 @dataclass(slots=True, eq=False)
-class JobRecord:
-    id: str
-    description: JobDescription
-    submitted: float = field(default_factory=time.time)
-    state: JobState = JobState.QUEUED
-    phase: str = "queued"  # queued | pre | ranks | post | done
-    message: str | None = None
-    exit_code: int | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
-    state_time: float = field(default_factory=time.time)
+class Attempt:
+    """One placement of a job and what came of it. A job placed afresh (requeued after a lost node,
+    or given back unstarted) gets a new one: nothing of the last one can leak into the next."""
+
+    #: Re-runs after losing a node (restartable jobs); a withdrawal keeps the number (nothing ran).
+    number: int = 0
     ranks: list[RankPlacement] = field(default_factory=list)
     held: list[bool] = field(default_factory=list)  # per rank: slots still taken
     processes: dict[int, PlannedProcess] = field(default_factory=dict)  # slot -> plan, while outstanding
     results: dict[int, ProcessResult] = field(default_factory=dict)
     environment: dict[str, str] | None = None  # what pre_launch set
     unset: list[str] = field(default_factory=list)  # what pre_launch unset
-    cancel_reason: str | None = None
-    closing: bool = False  # stopped because the allocation's walltime was ending
-    attempt: int = 0  # re-runs after losing a node (restartable jobs)
     started: float | None = None
     ended: float | None = None
+
+
+@dataclass(slots=True, eq=False)
+class JobRecord:
+    id: str
+    description: JobDescription
+    submitted: float = field(default_factory=time.time)
+    state: JobState = JobState.QUEUED
+    phase: Phase = Phase.QUEUED
+    message: str | None = None
+    exit_code: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    state_time: float = field(default_factory=time.time)
+    run: Attempt = field(default_factory=Attempt)
+    cancel_reason: str | None = None
+    closing: bool = False  # stopped because the allocation's walltime was ending
+    #: Client connections that follow its statuses (ZeroMQ routing identities).
     subscribers: set[bytes] = field(default_factory=set)
     #: Its SSS side (task groups, resolved request, placement) when it was submitted as SSS XML.
     sss: SssJob | None = None
@@ -60,7 +71,7 @@ class JobRecord:
     journaled: dict[str, Any] | None = None
 
     @property
-    def key(self) -> Any:
+    def category(self) -> Any:
         """Its scheduling category: identical requests are placed alike."""
         return self.description.resources.key if self.sss is None else self.sss.request.key
 
@@ -72,7 +83,8 @@ class JobRecord:
     def proc_id(self) -> str:
         """The job id its processes carry: a re-run after a lost node gets ``<id>~<attempt>``, so that a
         late event or kill of the lost attempt can never be taken for one of the new attempt."""
-        return f"{self.id}~{self.attempt}" if self.attempt else self.id
+        n = self.run.number
+        return f"{self.id}~{n}" if n else self.id
 
     def status(self) -> list[Any]:
         """The wire form of the job's current status: [id, state, time, exit_code, message, metadata]."""

@@ -40,6 +40,7 @@ from typing import Any, Final
 
 import msgpack
 
+from pilot.core.phase import Phase
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import PlannedProcess
 from pilot.lrm.base import Allocation, AllocationState
@@ -227,19 +228,20 @@ class Batch:
         timing, cancel reason, attempt; its placement too when ``placed`` (it changed). One statement per
         changed job per flush, whatever changed."""
         meta = _pack(dict(job.metadata)) if job.final and job.metadata else None
-        ranks = _pack_ranks(job.ranks) if placed else None
+        run = job.run
+        ranks = _pack_ranks(run.ranks) if placed else None
         fields = (
             job.state.value,
             job.state_time,
             job.exit_code,
             job.message,
             meta,
-            job.phase,
-            job.started,
-            job.ended,
+            job.phase.journaled,
+            run.started,
+            run.ended,
             job.cancel_reason,
             int(job.closing),
-            job.attempt,
+            run.number,
         )
         at = self._accepted_at.get(job.id)
         if at is not None:
@@ -554,23 +556,24 @@ class Store:
             job.exit_code = code
             job.message = msg
             job.metadata = _unpack(meta) if meta is not None else {}
-            job.phase = phase
-            job.started = started
-            job.ended = ended
+            job.phase = Phase.from_journal(phase)
+            run = job.run
+            run.started = started
+            run.ended = ended
             job.cancel_reason = cr
             job.closing = bool(closing)
-            job.attempt = int(attempt)
+            run.number = int(attempt)
             if ranks is not None:
-                job.ranks = [RankPlacement(n, list(c), list(g), int(m), bool(b)) for n, c, g, m, b in _unpack(ranks)]
-            job.environment = _unpack(env) if env is not None else None
-            job.unset = _unpack(un) if un is not None else []
+                run.ranks = [RankPlacement(n, list(c), list(g), int(m), bool(b)) for n, c, g, m, b in _unpack(ranks)]
+            run.environment = _unpack(env) if env is not None else None
+            run.unset = _unpack(un) if un is not None else []
             jobs[jid] = job
             if type(seq) is not int:  # the next job's id comes from it: a damaged one must not be used
                 raise ValueError(f"job {jid}: sequence number {seq!r} is not an integer")
             max_seq = max(max_seq, seq)
         for jid, slot, node, role, code, sig, msg, reason, data in db.execute("SELECT * FROM results"):
             if jid in jobs:
-                jobs[jid].results[slot] = ProcessResult(
+                jobs[jid].run.results[slot] = ProcessResult(
                     node,
                     role,
                     exit_code=code,
@@ -581,11 +584,13 @@ class Store:
                 )
         for jid, slot, node, order, holds in db.execute("SELECT * FROM processes"):
             owner = jobs.get(jid)
-            if owner is None or owner.final or slot in owner.results:
+            if owner is None or owner.final or slot in owner.run.results:
                 continue  # done: only outstanding processes are rebuilt
-            owner.processes[slot] = PlannedProcess(node, ProcessOrder.from_wire(_unpack(order)), list(_unpack(holds)))
+            owner.run.processes[slot] = PlannedProcess(
+                node, ProcessOrder.from_wire(_unpack(order)), list(_unpack(holds))
+            )
         for job in jobs.values():
-            job.held = _held(job)
+            job.run.held = _held(job)
         out.jobs = list(jobs.values())
         row = db.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
         out.next_seq = max(max_seq, int(row[0]) if row else 0) + 1
@@ -713,13 +718,14 @@ def _pack_ranks(ranks: Sequence[RankPlacement]) -> bytes:
 def _held(job: JobRecord) -> list[bool]:
     """Which ranks still hold their slots: none once the job is done; all while pre_launch runs (the
     daemon takes them at start and frees them at the end); else those an outstanding process holds."""
-    n = len(job.ranks)
-    if job.final or job.phase in ("done", "queued"):
+    run = job.run
+    n = len(run.ranks)
+    if job.final or job.phase in (Phase.DONE, Phase.QUEUED):
         return [False] * n
-    if job.phase == "pre":
+    if job.phase is Phase.PRE_LAUNCH:
         return [True] * n
     held = [False] * n
-    for plan in job.processes.values():
+    for plan in run.processes.values():
         for i in plan.holds:
             if 0 <= i < n:
                 held[i] = True

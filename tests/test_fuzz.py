@@ -40,6 +40,7 @@ from pilot_waits import agents_active, reach, wait_for
 import client as psij
 from agent.agent import Agent
 from pilot import config, lrm, wire
+from pilot.core.phase import Phase
 from pilot.formats import read_job, read_nodes, write_job
 from pilot.formats.xml import MAX_DEPTH
 from pilot.jobs import JobRecord, ProcessResult
@@ -958,12 +959,12 @@ def _write_journal(path: Path) -> None:
                 tx.job_accepted(str(i), i, desc, float(i))
             tx.allocation(alloc)
         with store.batch() as tx:
-            running = JobRecord(id="1", description=desc, submitted=1.0, state=JobState.ACTIVE, phase="ranks")
-            running.started, running.ranks = 2.0, [RankPlacement("n0", [0], [0], 100)]
+            running = JobRecord(id="1", description=desc, submitted=1.0, state=JobState.ACTIVE, phase=Phase.RANKS)
+            running.run.started, running.run.ranks = 2.0, [RankPlacement("n0", [0], [0], 100)]
             tx.job_update(running, placed=True)
             tx.process_dispatched("1", PlannedProcess("n0", order, [0]))
-            pre = JobRecord(id="2", description=desc, submitted=2.0, phase="pre")
-            pre.started, pre.ranks = 3.0, [RankPlacement("n0", [1], [], 0)]
+            pre = JobRecord(id="2", description=desc, submitted=2.0, phase=Phase.PRE_LAUNCH)
+            pre.run.started, pre.run.ranks = 3.0, [RankPlacement("n0", [1], [], 0)]
             tx.job_update(pre, placed=True)
             tx.process_dispatched("2", PlannedProcess("n0", ProcessOrder("2", PRE, "pre", "/bin/sh"), []))
             tx.pre_launch_environment("2", {"B": "2"}, ["C"])

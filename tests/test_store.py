@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pilot.core.phase import Phase
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import PlannedProcess
 from pilot.lrm.base import Allocation, AllocationState
@@ -42,8 +43,18 @@ def _job(jid: str, description: JobDescription, submitted: float, **fields: Any)
     """A job record as the daemon holds it, for Batch.job_update."""
     job = JobRecord(id=jid, description=description, submitted=submitted)
     for name, value in fields.items():
-        setattr(job, name, value)
+        if name == "phase":
+            job.phase = Phase.from_journal(value)
+        elif name == "attempt":
+            job.run.number = value
+        elif name in _ATTEMPT_FIELDS:
+            setattr(job.run, name, value)
+        else:
+            setattr(job, name, value)
     return job
+
+
+_ATTEMPT_FIELDS = {"ranks", "held", "processes", "results", "environment", "unset", "started", "ended"}
 
 
 def _order(job_id: str, slot: int) -> ProcessOrder:
@@ -107,17 +118,21 @@ def test_round_trip_every_record_kind(tmp_path: Path) -> None:
     assert rec.next_seq == 4
     j1, j2, j3 = rec.jobs
     assert j1.description == _desc(1) and j1.submitted == 10.0
-    assert j1.state is JobState.ACTIVE and j1.state_time == 20.0 and j1.phase == "ranks" and j1.started == 20.0
-    assert j1.ranks == ranks
-    assert list(j1.processes) == [1]  # slot 0 has its result: only slot 1 is outstanding
-    assert j1.processes[1].order == _order("1", 1) and j1.processes[1].holds == [1] and j1.processes[1].node == "n0"
-    assert j1.results[0].exit_code == 0 and j1.results[0].data == {"max_rss": 5, "user_cpu_time": 0.5}
-    assert j1.held == [False, True]
-    assert j2.description == _desc(2) and j2.phase == "pre" and j2.held == [True]
-    assert j2.environment == {"B": "2"} and j2.unset == ["C"]
-    assert list(j2.processes) == [PRE]
+    assert j1.state is JobState.ACTIVE and j1.state_time == 20.0 and j1.phase is Phase.RANKS and j1.run.started == 20.0
+    assert j1.run.ranks == ranks
+    assert list(j1.run.processes) == [1]  # slot 0 has its result: only slot 1 is outstanding
+    assert (
+        j1.run.processes[1].order == _order("1", 1)
+        and j1.run.processes[1].holds == [1]
+        and j1.run.processes[1].node == "n0"
+    )
+    assert j1.run.results[0].exit_code == 0 and j1.run.results[0].data == {"max_rss": 5, "user_cpu_time": 0.5}
+    assert j1.run.held == [False, True]
+    assert j2.description == _desc(2) and j2.phase is Phase.PRE_LAUNCH and j2.run.held == [True]
+    assert j2.run.environment == {"B": "2"} and j2.run.unset == ["C"]
+    assert list(j2.run.processes) == [PRE]
     assert j3.state is JobState.FAILED and j3.exit_code == 1 and j3.message == "boom" and j3.metadata == meta
-    assert j3.closing and j3.ended == 2.5 and j3.results[0].reason == "walltime" and j3.held == []
+    assert j3.closing and j3.run.ended == 2.5 and j3.run.results[0].reason == "walltime" and j3.run.held == []
     a = rec.allocation
     assert a is not None
     assert (a.lrm, a.native_id, a.state, a.started, a.walltime, a.hosts) == (
@@ -324,9 +339,15 @@ def test_job_accepted_and_changed_in_one_batch(tmp_path: Path) -> None:
             tx.job_update(j3)
         rec = store.load()
     j1, j2, j3 = rec.jobs
-    assert (j1.state, j1.state_time, j1.phase, j1.started, j1.ranks) == (JobState.ACTIVE, 2.0, "ranks", 2.0, ranks)
-    assert list(j1.processes) == [0] and j1.held == [True]
-    assert (j2.phase, j2.attempt, j2.ranks, j2.processes) == ("queued", 1, [], {})
+    assert (j1.state, j1.state_time, j1.phase, j1.run.started, j1.run.ranks) == (
+        JobState.ACTIVE,
+        2.0,
+        Phase.RANKS,
+        2.0,
+        ranks,
+    )
+    assert list(j1.run.processes) == [0] and j1.run.held == [True]
+    assert (j2.phase, j2.run.number, j2.run.ranks, j2.run.processes) == (Phase.QUEUED, 1, [], {})
     assert (j3.state, j3.exit_code, j3.metadata, j3.description) == (JobState.COMPLETED, 0, meta, _desc(3))
     assert rec.next_seq == 4
 

@@ -37,7 +37,8 @@ class JobQueue(Generic[T]):
         self._len += 1
 
     def drop(self) -> None:
-        """Account for one item that left the queue without being popped (e.g. cancelled)."""
+        """Account for one item that left the queue without being popped (it is dead now: placed,
+        canceled, failed); it is discarded when it reaches its category's head."""
         self._len -= 1
 
     def heads(self) -> Iterator[tuple[Hashable, T]]:
@@ -67,5 +68,11 @@ class JobQueue(Generic[T]):
         return item
 
     def peek(self, key: Hashable) -> T | None:
+        """The category's live head (dead items at its head are discarded on the way), or None."""
         dq = self._categories.get(key)
-        return dq[0][1] if dq else None
+        while dq and not self._alive(dq[0][1]):
+            dq.popleft()
+        if dq:
+            return dq[0][1]
+        self._categories.pop(key, None)
+        return None

@@ -1,0 +1,1 @@
+"""The scheduling core: pure state and a reactor of events, with no sockets, files or clock inside."""

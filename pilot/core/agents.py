@@ -1,0 +1,169 @@
+"""The agents' side of the core: registration (and re-adoption after a daemon restart), heartbeats,
+task events, and an agent that is lost or stopped -- its processes get a definite end at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from pilot import wire
+from pilot.core.lifecycle import Lifecycle
+from pilot.core.nodes import AgentRecord
+from pilot.core.outbox import NodeLost
+from pilot.core.state import CoreState, Part
+from pilot.jobs import ProcessResult
+from pilot.model.node import NodeConfigured
+
+log = structlog.get_logger("pilot.core")
+
+
+class Agents(Part):
+    def __init__(self, state: CoreState, *, lifecycle: Lifecycle) -> None:
+        super().__init__(state)
+        self.lifecycle = lifecycle
+
+    def on_message(self, name: str, msg: wire.Message) -> None:
+        agent = self.nodes.agents.get(name)
+        if msg.kind == wire.Kind.REGISTER:
+            self._on_register(name, agent, msg.body)
+        elif agent is None or agent.state != "active" or not agent.confirmed:
+            # Unknown, gone, or recovered from the journal and not re-registered yet (its events come
+            # with its REGISTER): it must register first.
+            self.outbox.to_agent(name, wire.Kind.HEARTBEAT, {"known": False})
+        elif msg.kind == wire.Kind.HEARTBEAT:
+            agent.last_seen = self.clock.mono
+            load = msg.body.get("load")
+            if isinstance(load, list) and all(isinstance(x, int | float) for x in load):
+                agent.load = load[:3]
+            self.nodes.measures(agent, msg.body)
+            self.outbox.to_agent(name, wire.Kind.HEARTBEAT, {"known": True, "acked": agent.acked})
+        elif msg.kind == wire.Kind.TASK_EVENTS:
+            agent.last_seen = self.clock.mono
+            seq = wire.opt_field(msg.body, "seq", int, 0)
+            for ev in wire.field(msg.body, "events", list):
+                self.lifecycle.on_process_event(agent, ev)
+            agent.acked = max(agent.acked, seq)
+        elif msg.kind == wire.Kind.BYE:
+            self.gone(agent, f"agent on {name} exited", state="stopped")
+
+    def _on_register(self, name: str, agent: AgentRecord | None, body: dict[str, Any]) -> None:
+        node = NodeConfigured.from_wire(wire.field(body, "node", dict))
+        if node.name != name:
+            raise wire.ProtocolError(f"agent {name!r} registers as {node.name!r}")
+        owner = self.allocations.of_node(name)
+        if owner is None or (agent is None and not owner.alive):
+            raise wire.ProtocolError(f"agent {name!r} is not a node of an allocation this pilot holds")
+        expected = owner.allocation.expected_nodes
+        if expected and name not in {n.name for n in expected}:
+            raise wire.ProtocolError(f"agent {name!r} is not a node of allocation {owner.key}")
+        running = wire.field(body, "running", list)
+        events = wire.opt_field(body, "events", list, [])
+        seq = wire.opt_field(body, "seq", int, 0)
+        if not all(isinstance(k, list) and len(k) == 2 for k in running):
+            raise wire.ProtocolError("running keys must be [job_id, slot] pairs")
+        if agent is not None and agent.state == "active" and agent.confirmed:
+            agent.last_seen = self.clock.mono  # a repeated REGISTER: its events are replays
+            for ev in events:
+                self.lifecycle.on_process_event(agent, ev)
+        elif agent is not None and agent.state == "active":
+            self._readopt(agent, node, running, events)
+        else:
+            agent = self.register(node)
+            for ev in events:
+                self.lifecycle.on_process_event(agent, ev)  # all for processes this daemon gave up: dropped
+            if running:
+                # Processes this daemon does not know (or declared lost): the agent must not keep them.
+                self.outbox.kills[name]["unknown to the daemon"].extend(running)
+        agent.acked = max(agent.acked, seq)
+        self.nodes.measures(agent, body)
+        self.outbox.to_agent(
+            name,
+            wire.Kind.REGISTERED,
+            {"heartbeat_interval": self.config.pilot.heartbeat_interval, "acked": agent.acked},
+        )
+        if self.allocations.stopping:
+            # Registered after the pilot began stopping: it missed the STOP the others got.
+            self.outbox.to_agent(name, wire.Kind.STOP, {"reason": "pilot stopped"})
+
+    def register(self, node: NodeConfigured) -> AgentRecord:
+        owner = self.allocations.of_node(node.name)
+        if owner is not None:
+            was_ready = owner.ready
+            owner.nodes.add(node.name)
+            if owner.ready and not was_ready and self.allocations.failures:
+                self.allocations.failures = 0  # one started: the count of failures in a row starts again
+                self.outbox.journal.meta(self.allocations.META, self.allocations.failures_record())
+        agent = self.nodes.register(node)
+        self.outbox.journal.node_registered(node)
+        log.info("agent registered", node=node.name, cores=len(node.processors), gpus=len(node.gpus))
+        return agent
+
+    def _readopt(self, agent: AgentRecord, node: NodeConfigured, running: list[Any], events: list[Any]) -> None:
+        """An agent of the allocation this daemon resumed is back. Its running processes that the journal
+        holds are adopted; its buffered events (everything not acknowledged before the crash) are
+        replayed; processes it runs that the journal does not hold are killed; orders the journal says
+        were sent but the agent never got are sent again; kills it may have missed are sent again."""
+        if node.to_wire() != agent.node.to_wire():
+            log.warning("agent came back with another node description", node=agent.name)
+        agent.confirmed = True
+        agent.last_seen = self.clock.mono
+        self.nodes.slots[agent.name].usable = True
+        self.nodes.invalidate()
+        keys = {(k[0], k[1]) for k in running if isinstance(k[0], str) and isinstance(k[1], int)}
+        for ev in events:
+            self.lifecycle.on_process_event(agent, ev)
+        kills = self.outbox.kills[agent.name]
+        unknown = [list(k) for k in keys if k not in agent.processes]
+        if unknown:
+            kills["unknown to the daemon"].extend(unknown)
+        resent = 0
+        for job_id, slot in sorted(agent.processes):
+            job = self.book.jobs.get(job_id.partition("~")[0])
+            plan = job.run.processes.get(slot) if job is not None else None
+            if job is None or plan is None:
+                continue
+            if (job_id, slot) not in keys:
+                self.outbox.orders[agent.name].append(plan.order.to_wire())  # never reached the agent
+                resent += 1
+            elif job.cancel_reason is not None:
+                kills["canceled"].append([job_id, slot])
+            elif job.closing:
+                kills["walltime"].append([job_id, slot])
+        log.info(
+            "agent re-adopted",
+            node=agent.name,
+            running=len(keys) - len(unknown),
+            replayed_events=len(events),
+            killed_unknown=len(unknown),
+            resent_orders=resent,
+        )
+
+    def gone(self, agent: AgentRecord, message: str, *, state: str = "lost") -> None:
+        """The agent was lost (or stopped): each of its processes ends now, with ``message``."""
+        if agent.state != "active":
+            return
+        self.nodes.gone(agent, state=state)
+        if state == "lost":
+            log.warning("agent gone", node=agent.name, reason=message)
+        else:
+            log.info("agent stopped", node=agent.name)
+        held = self.allocations.of_node(agent.name)
+        if state == "lost" and held is not None and not self.allocations.stopping:
+            self.outbox.effects.append(NodeLost(held.key, agent.name))
+        for job_id, slot in sorted(agent.processes):
+            job = self.book.jobs.get(job_id.partition("~")[0])
+            plan = job.run.processes.get(slot) if job else None
+            if job is not None and plan is not None and plan.order.job_id == job_id:
+                self.lifecycle.process_done(
+                    job, slot, ProcessResult(agent.name, plan.order.role, message=message, reason="lost")
+                )
+
+    def check_heartbeats(self) -> None:
+        timeout = self.config.pilot.agent_timeout
+        now = self.clock.mono
+        for agent in list(self.nodes.agents.values()):
+            if agent.state == "active" and now - agent.last_seen > timeout:
+                self.gone(
+                    agent, f"node {agent.name} lost: its agent sent no heartbeat for {now - agent.last_seen:.1f} s"
+                )

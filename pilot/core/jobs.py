@@ -1,0 +1,231 @@
+"""The job book: every unfinished job, its phase, the queue, the blocked set and the dependency graph.
+
+:meth:`JobBook.move` is the one place a job's phase changes: it checks the move against the table in
+:mod:`pilot.core.phase` and keeps queue membership, the blocked set, the jobs behind busy cores and the
+journal's dirty set in step. :meth:`JobBook.set_state` is the one place a PSI/J state changes: it keeps
+the per-state counts, the subscribers' statuses and the dependents' verdicts in step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Protocol
+
+from pilot.core.clock import Clock
+from pilot.core.outbox import Outbox
+from pilot.core.phase import Phase, check_move
+from pilot.jobs import JobRecord, ProcessResult
+from pilot.model.job_state import JobState
+from pilot.scheduler.dag import JobGraph, Outcome, Verdict
+from pilot.scheduler.queue import JobQueue
+
+
+class History(Protocol):
+    """What the journal knows of jobs that left memory (ended, or from before a restart): read-only."""
+
+    def job_status(self, job_id: str) -> tuple[list[Any], str | None] | None: ...
+
+    def job_record(self, job_id: str) -> tuple[dict[str, Any], list[Any], float, float | None, float | None] | None: ...
+
+    def jobs_by_key(self, keys: list[str]) -> dict[str, str]: ...
+
+    def job_ids(self) -> list[str]: ...
+
+
+class JobBook:
+    def __init__(self, *, clock: Clock, outbox: Outbox, history: History | None) -> None:
+        self.clock = clock
+        self.outbox = outbox
+        self.history = history
+        self.jobs: dict[str, JobRecord] = {}
+        self.counts: Counter[JobState] = Counter()
+        self.queue: JobQueue[JobRecord] = JobQueue(key=lambda j: j.category, alive=lambda j: j.phase is Phase.QUEUED)
+        #: Jobs in BLOCKED: waiting for their dependencies or an SSS <Hold> release.
+        self.blocked: dict[str, JobRecord] = {}
+        #: Jobs in BEHIND or WITHDRAWING, oldest first: id -> since when (monotonic).
+        self.behind: dict[str, float] = {}
+        self.graph = JobGraph()
+        self.seq = 0  # the last job id given
+        #: Client keys of jobs accepted since the last journal commit: key -> job id.
+        self.fresh_keys: dict[str, str] = {}
+        self._dirty: set[JobRecord] = set()  # rows changed since the last commit
+        self._placed: set[JobRecord] = set()  # ... whose placement changed
+        self._results: list[tuple[JobRecord, int, ProcessResult]] = []
+        #: Jobs that ended since the last flush: they leave memory once it sent their final status
+        #: (the journal keeps them), so memory follows the unfinished work only.
+        self._retired: list[JobRecord] = []
+
+    # -- the state machine --------------------------------------------------------------------------
+
+    def move(self, job: JobRecord, phase: Phase, *, front: bool = False) -> None:
+        """Change a job's phase. ``front``: back to the queue ahead of everything (it keeps its turn)."""
+        old = job.phase
+        check_move(old, phase, job_id=job.id)
+        job.phase = phase
+        if old is Phase.QUEUED:
+            self.queue.drop()  # dead now: discarded when it reaches its category's head
+        elif old is Phase.BLOCKED:
+            del self.blocked[job.id]
+        if phase is Phase.QUEUED:
+            self.queue.push_front(job) if front else self.queue.push(job)
+        elif phase is Phase.BEHIND:
+            self.behind[job.id] = self.clock.mono
+        if phase is not Phase.WITHDRAWING and old in (Phase.BEHIND, Phase.WITHDRAWING):
+            del self.behind[job.id]
+        self._dirty.add(job)
+
+    def set_state(
+        self,
+        job: JobRecord,
+        state: JobState,
+        t: float,
+        *,
+        exit_code: int | None = None,
+        message: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.counts[job.state] -= 1
+        self.counts[state] += 1
+        job.state = state
+        job.state_time = t
+        if state.final:
+            job.exit_code = exit_code
+            job.message = message
+            job.metadata = metadata or {}
+            self._retired.append(job)
+        self._dirty.add(job)
+        status = job.status()
+        statuses = self.outbox.statuses
+        for ident in job.subscribers:
+            statuses[ident][job.id] = status
+        if state.final and (job.id in self.graph.jobs or job.id in self.graph.dependents):
+            self._settle(job)
+
+    def end(self, job: JobRecord, state: JobState, *, message: str, t: float | None = None) -> None:
+        """An unplaced job ends without running (canceled, refused by its dependencies, stranded)."""
+        self.move(job, Phase.DONE)
+        self.set_state(job, state, self.clock.wall if t is None else t, message=message)
+
+    def changed(self, job: JobRecord, *, placed: bool = False) -> None:
+        """The job's row (and with ``placed`` its placement) must be written at the next commit."""
+        self._dirty.add(job)
+        if placed:
+            self._placed.add(job)
+
+    def result(self, job: JobRecord, slot: int, result: ProcessResult) -> None:
+        job.run.results[slot] = result
+        self._results.append((job, slot, result))
+        self._dirty.add(job)
+
+    def forget_attempt(self, job: JobRecord) -> None:
+        """The job's attempt was given up (it is placed afresh): nothing of it is written any more."""
+        self.outbox.journal.job_requeued(job.id)
+        self._placed.discard(job)
+        self._results = [r for r in self._results if r[0] is not job]
+        self._dirty.add(job)
+
+    # -- admission and dependencies -----------------------------------------------------------------
+
+    def accept(self, ident: bytes, job: JobRecord, raw: Any, *, key: str | None = None) -> None:
+        self.seq += 1
+        assert job.id == str(self.seq)
+        job.subscribers.add(ident)
+        self.jobs[job.id] = job
+        self.outbox.journal.job_accepted(job.id, self.seq, raw, job.submitted, key=key)
+        if key is not None:
+            self.fresh_keys[key] = job.id
+        self.counts[JobState.QUEUED] += 1
+        if job.edges is None and not job.user_hold:
+            self.queue.push(job)
+            return
+        for edge in job.edges or ():
+            for target in edge[4]:
+                if target not in self.graph.outcomes and (outcome := self.ended(target)) is not None:
+                    self.graph.outcomes[target] = outcome  # it ended before this job came
+        job.phase = Phase.BLOCKED
+        self.blocked[job.id] = job
+        self.unblock(job)
+
+    def restore(self, job: JobRecord) -> None:
+        """A job the journal held, into memory; a queued one into the queue or, blocked, the blocked set."""
+        self.counts[job.state] += 1
+        self.jobs[job.id] = job
+        if job.phase is not Phase.QUEUED:
+            return
+        if job.edges is None and not job.user_hold:
+            self.queue.push(job)
+        else:
+            job.phase = Phase.BLOCKED
+            self.blocked[job.id] = job
+
+    def unblock(self, job: JobRecord) -> None:
+        """A blocked job whose dependencies may be settled: to the queue, or FAILED if they never can be."""
+        if job.phase is not Phase.BLOCKED:
+            return
+        verdict, reasons = self.graph.verdict(job.id)
+        if verdict is Verdict.NEVER:
+            self.end(job, JobState.FAILED, message="not started: " + "; ".join(reasons))
+        elif verdict is Verdict.READY and not job.user_hold:
+            self.move(job, Phase.QUEUED)
+
+    def _settle(self, job: JobRecord) -> None:
+        """A job ended that others may depend on: their verdicts follow (and theirs, and so on)."""
+        settled = self.graph.finish(job.id, Outcome(job.state, job.exit_code, started=job.run.started is not None))
+        for dep_id, _, _ in settled:
+            dependent = self.blocked.get(dep_id)
+            if dependent is not None:
+                self.unblock(dependent)
+        # Drop what nobody waits for any more: this job, and the ended jobs it waited for.
+        node = self.graph.jobs.get(job.id)
+        ended = [job.id] + [t for e in (node.edges if node else ()) for t in e.targets if t in self.graph.outcomes]
+        self.graph.forget(ended)
+        for j in ended:
+            if j not in self.graph.jobs and j not in self.graph.dependents:
+                self.graph.outcomes.pop(j, None)  # a later dependent gets it from memory or the journal
+
+    def ended(self, job_id: str) -> Outcome | None:
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return Outcome(job.state, job.exit_code, started=job.run.started is not None) if job.final else None
+        found = self.history.job_status(job_id) if self.history is not None else None
+        if found is None:
+            return None
+        _, state, _, code, _, metadata = found[0]
+        if not JobState(state).final:
+            return None
+        return Outcome(JobState(state), code, started=bool((metadata or {}).get("processes")))
+
+    def named(self, name: str) -> list[str]:
+        """Unfinished jobs called ``name`` (a JobName dependency): a scan, paid only by such submits."""
+        return [j.id for j in self.jobs.values() if j.description.name == name and not j.final]
+
+    def known(self, job_id: str) -> bool:
+        return job_id in self.jobs or (self.history is not None and self.history.job_status(job_id) is not None)
+
+    def unfinished(self) -> int:
+        return sum(n for state, n in self.counts.items() if not state.final)
+
+    # -- commit and flush ---------------------------------------------------------------------------
+
+    def seal(self) -> None:
+        """Write the changed rows into the outbox's journal batch: the shell commits it next."""
+        tx = self.outbox.journal
+        placed = self._placed
+        for job in self._dirty:
+            tx.job_update(job, placed=job in placed)
+        for job, slot, result in self._results:
+            if not job.final:  # a final job's Delivered is in its row: its process results are not needed
+                tx.process_result(job.id, slot, result)
+        self._dirty.clear()
+        placed.clear()
+        self._results.clear()
+
+    def committed(self) -> None:
+        self.fresh_keys.clear()  # the journal has them now
+
+    def retire(self) -> None:
+        """After a flush: ended jobs whose final status it sent leave memory."""
+        for job in self._retired:
+            if job.final and not job.run.processes:
+                self.jobs.pop(job.id, None)
+        self._retired.clear()

@@ -1,0 +1,284 @@
+"""A placed job's life: its orders go out, its processes' events come back, and it ends, is requeued
+(restartable, node lost) or is taken back unstarted from behind a busy core (withdrawn).
+
+Every phase change goes through :meth:`JobBook.move`; every state change through :meth:`JobBook.set_state`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from pilot import wire
+from pilot.core.nodes import AgentRecord
+from pilot.core.outcome import delivered, outcome
+from pilot.core.phase import Phase
+from pilot.core.planning import Planner
+from pilot.core.state import CoreState, Part
+from pilot.jobs import Attempt, JobRecord, ProcessResult
+from pilot.launchers import PlannedProcess
+from pilot.model.job_state import JobState
+from pilot.model.process_order import POST, PRE
+from pilot.scheduler import RankPlacement
+
+log = structlog.get_logger("pilot.core")
+
+#: A job waiting at an agent behind a busy core this long, while a core it could use is free, is taken
+#: back (WITHDRAW) and placed again: no head-of-line blocking behind a task that turned out long.
+RECLAIM_AFTER = 0.05
+
+
+class Lifecycle(Part):
+    def __init__(self, state: CoreState, *, planner: Planner) -> None:
+        super().__init__(state)
+        self.planner = planner
+
+    # -- out ------------------------------------------------------------------------------------------
+
+    def start(self, job: JobRecord, ranks: list[RankPlacement]) -> None:
+        """A job was placed: its pre_launch order goes out, or its ranks' orders."""
+        d = job.description
+        run = job.run
+        run.ranks = ranks
+        run.held = [True] * len(ranks)
+        self.book.changed(job, placed=True)
+        plans = self.planner.ranks(job, environment=None)
+        if d.pre_launch or self.planner.shares_output(job, plans):
+            self.book.move(job, Phase.PRE_LAUNCH)
+            order = self.planner.hook(job, slot=PRE, role="pre", script=d.pre_launch, truncate=True)
+            order.cores = ranks[0].cores
+            self.dispatch(job, PlannedProcess(ranks[0].node, order, []))
+            return
+        behind = ranks[0].behind
+        self.book.move(job, Phase.BEHIND if behind else Phase.RANKS)
+        for p in plans:
+            p.order.after_cores = behind
+            self.dispatch(job, p)
+
+    def _start_ranks(self, job: JobRecord) -> None:
+        self.book.move(job, Phase.RANKS)
+        run = job.run
+        for p in self.planner.ranks(job, environment=run.environment):
+            p.order.truncate_output = False
+            p.order.pre_unset = list(run.unset)
+            p.order.walltime = self.planner.walltime_left(job)
+            self.dispatch(job, p)
+
+    def dispatch(self, job: JobRecord, plan: PlannedProcess) -> None:
+        agent = self.nodes.agents.get(plan.node)
+        job.run.processes[plan.order.slot] = plan
+        if agent is None or agent.state != "active":
+            self.process_done(
+                job, plan.order.slot, ProcessResult(plan.node, plan.order.role, message=f"node {plan.node} is gone")
+            )
+            return
+        agent.processes.add((plan.order.job_id, plan.order.slot))
+        order = plan.order.to_wire()
+        self.outbox.orders[plan.node].append(order)
+        self.outbox.journal.process_dispatched(job.id, plan, order_wire=order)
+
+    def kill_outstanding(self, job: JobRecord, *, reason: str) -> None:
+        for slot, plan in job.run.processes.items():
+            self.outbox.kill(plan.node, reason, [plan.order.job_id, slot])
+
+    def cancel(self, job: JobRecord, *, reason: str) -> None:
+        if job.final or job.cancel_reason is not None:
+            return
+        job.cancel_reason = reason
+        self.book.changed(job)
+        if job.phase in (Phase.QUEUED, Phase.BLOCKED):
+            self.book.end(job, JobState.CANCELED, message=reason)
+        else:
+            self.kill_outstanding(job, reason="canceled")
+
+    def close(self, job: JobRecord) -> None:
+        """Its allocation's walltime margin is reached: its processes are stopped now."""
+        job.closing = True
+        self.book.changed(job)
+        self.kill_outstanding(job, reason="walltime")
+
+    def reclaim(self) -> None:
+        """Ask back jobs that have waited behind a busy core for ``RECLAIM_AFTER`` while a core they
+        could use is free (the task ahead of them turned out long, or the stream's tail is uneven): one
+        per free core, oldest first. An agent that already started one ignores the request. Called
+        every flush while jobs wait behind cores: it looks at the nodes only once the oldest of them has
+        waited that long (in a stream of short tasks that is rare)."""
+        behind = self.book.behind
+        now = self.clock.mono
+        if not behind or now - next(iter(behind.values())) < RECLAIM_AFTER:
+            return
+        free = {
+            name: len(node.free_cores) for name, node in self.nodes.slots.items() if node.usable and node.free_cores
+        }
+        if not free:
+            return
+        room = sum(free.values())
+        for job_id, since in list(behind.items()):
+            if room <= 0 or now - since < RECLAIM_AFTER:
+                break  # oldest first: the rest waited less
+            job = self.book.jobs.get(job_id)
+            if job is None or job.phase is not Phase.BEHIND or len(job.run.processes) != 1:
+                continue
+            (slot, plan) = next(iter(job.run.processes.items()))
+            held = self.allocations.of_node(plan.node)
+            if held is None or not any(n in held.nodes and c >= len(plan.order.cores) for n, c in free.items()):
+                continue  # no core it could use is free in its own allocation
+            self.book.move(job, Phase.WITHDRAWING)
+            self.outbox.withdraws[plan.node].append([plan.order.job_id, slot])
+            room -= len(plan.order.cores)
+
+    # -- in -------------------------------------------------------------------------------------------
+
+    def on_process_event(self, agent: AgentRecord, ev: Any) -> None:
+        """One task event from an agent: [process job id, slot, kind, time, data]."""
+        if not (isinstance(ev, list) and len(ev) == 5):
+            raise wire.ProtocolError("a task event is [job_id, slot, kind, time, data]")
+        job_id, slot, kind, t, data = ev
+        if not (
+            isinstance(job_id, str)
+            and isinstance(slot, int)
+            and isinstance(kind, str)
+            and isinstance(t, int | float)
+            and isinstance(data, dict)
+        ):
+            raise wire.ProtocolError("a task event has wrong field types")
+        job = self.book.jobs.get(job_id.partition("~")[0])
+        plan = job.run.processes.get(slot) if job is not None else None
+        if job is None or plan is None or plan.node != agent.name or plan.order.job_id != job_id:
+            # A replay of an event already handled (after a restart or a re-register), or a process
+            # this daemon gave up (node declared lost): nothing to do.
+            log.debug("event for a process this node does not hold", node=agent.name, job=job_id, slot=slot, kind=kind)
+            return
+        run = job.run
+        if kind == "started":
+            if job.phase in (Phase.BEHIND, Phase.WITHDRAWING):
+                self.book.move(job, Phase.RANKS)
+            if run.started is None:
+                run.started = float(t)
+                self.book.changed(job)
+            if job.state is JobState.QUEUED:
+                self.book.set_state(job, JobState.ACTIVE, float(t))
+        elif kind == "failed":
+            self.process_done(job, slot, ProcessResult(agent.name, plan.order.role, message=str(data.get("message"))))
+        elif kind == "withdrawn":
+            # Sent at our request, and authoritative: the order is gone from the agent (also when the
+            # request came from before a daemon restart, replayed with the agent's REGISTER). Only an
+            # order placed behind a busy core and not known to have started can be given back.
+            if plan.order.after_cores and job.phase in (Phase.BEHIND, Phase.WITHDRAWING):
+                self._withdrawn(job, slot)
+            else:
+                log.warning("agent gave back an order it could not have held unstarted", node=agent.name, job=job_id)
+        elif kind == "exited":
+            started = data.get("started")
+            if run.started is None and isinstance(started, int | float) and not isinstance(started, bool):
+                run.started = float(started)  # its start came in the same batch as its exit
+            run.ended = max(run.ended or 0.0, float(t))
+            result = ProcessResult(
+                agent.name,
+                plan.order.role,
+                exit_code=_opt_int(data.get("exit_code")),
+                signal=_opt_int(data.get("signal")),
+                reason=data.get("reason") if isinstance(data.get("reason"), str) else None,
+                data=data,
+            )
+            if data.get("spawned") is False:
+                result.message = result.reason or "not started"
+            if plan.order.role == "pre":
+                env = data.get("environment")
+                if isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+                    run.environment = env
+                unset = data.get("unset")
+                if isinstance(unset, list) and all(isinstance(k, str) for k in unset):
+                    run.unset = unset
+                self.outbox.journal.pre_launch_environment(job.id, run.environment, run.unset)
+            self.process_done(job, slot, result)
+        else:
+            raise wire.ProtocolError(f"unknown task event kind {kind!r}")
+
+    def process_done(self, job: JobRecord, slot: int, result: ProcessResult) -> None:
+        run = job.run
+        plan = run.processes.pop(slot, None)
+        if plan is None:
+            return
+        agent = self.nodes.agents.get(plan.node)
+        if agent is not None:
+            agent.processes.discard((plan.order.job_id, slot))
+        self.book.result(job, slot, result)
+        for i in plan.holds:
+            self.nodes.release_rank(job, i)
+        if not result.ok and job.cancel_reason is None and result.role != "post":
+            self.kill_outstanding(job, reason=f"another process of job {job.id} failed")
+        if run.processes:
+            return
+        failed = any(not r.ok for r in run.results.values())
+        if job.phase is Phase.PRE_LAUNCH and not failed and job.cancel_reason is None:
+            self._start_ranks(job)
+        elif job.phase is Phase.RANKS and not failed and job.cancel_reason is None and job.description.post_launch:
+            self.book.move(job, Phase.POST_LAUNCH)
+            order = self.planner.hook(job, slot=POST, role="post", script=job.description.post_launch, truncate=False)
+            self.dispatch(job, PlannedProcess(run.ranks[0].node, order, []))
+        elif self._retries(job):
+            self._requeue(job)
+        else:
+            self.finish(job)
+
+    def finish(self, job: JobRecord) -> None:
+        """The job's last process is done (or will never report): its final state, from its results."""
+        self.nodes.release_all(job)
+        self.book.move(job, Phase.DONE)
+        state, exit_code, message = outcome(job, walltime_margin=self.config.pilot.walltime_margin)
+        self.book.set_state(
+            job,
+            state,
+            job.run.ended or self.clock.wall,
+            exit_code=exit_code,
+            message=message,
+            metadata=delivered(job, exit_code),
+        )
+
+    def _retries(self, job: JobRecord) -> bool:
+        """A restartable job that lost a node (and was not canceled) runs again, up to its retry limit."""
+        d = job.description
+        return (
+            d.restartable
+            and job.run.number < d.retries
+            and job.cancel_reason is None
+            and not job.closing
+            and not self.allocations.stopping
+            and self.allocations.may_run_later(None, now=self.clock.wall)
+            and any(r.reason == "lost" for r in job.run.results.values())
+        )
+
+    def _requeue(self, job: JobRecord) -> None:
+        """Back to the queue for another attempt, placed afresh (the lost node is not usable). Its
+        state stays ACTIVE: PSI/J has no way back to QUEUED, and for the user the job is still running."""
+        lost = next(r for r in job.run.results.values() if r.reason == "lost")
+        number = job.run.number + 1
+        self._unplace(job, number=number)
+        log.warning("job restarted after losing its node", job=job.id, attempt=number, node=lost.node)
+        self.book.move(job, Phase.QUEUED)
+
+    def _withdrawn(self, job: JobRecord, slot: int) -> None:
+        """Its agent gave the order back unstarted: the job is placed afresh, ahead of the queue. Not an
+        attempt (nothing ran); its state stays QUEUED."""
+        plan = job.run.processes.pop(slot)
+        agent = self.nodes.agents.get(plan.node)
+        if agent is not None:
+            agent.processes.discard((plan.order.job_id, slot))
+        self._unplace(job, number=job.run.number)
+        if job.cancel_reason is not None:  # canceled meanwhile: it never ran
+            self.book.end(job, JobState.CANCELED, message=job.cancel_reason)
+            return
+        self.book.move(job, Phase.QUEUED, front=True)
+
+    def _unplace(self, job: JobRecord, *, number: int) -> None:
+        """Give back what the attempt holds and start a new one (in the journal too): the job is to be
+        placed afresh."""
+        self.nodes.release_all(job)
+        job.run = Attempt(number=number)
+        self.book.forget_attempt(job)
+
+
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,242 @@
+"""The node book: the agents' view of their nodes, the slots placement takes from, and what SSS
+matching sees of each node (typed attributes, features, consumable ledgers).
+
+Whether a request can ever fit is cached per request category while the node sets stay the same;
+:meth:`NodeBook.invalidate` is the one place those caches are dropped (a node came or went, an
+allocation closes or is released).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from pilot import site
+from pilot.allocations import AllocationBook, PilotAllocation
+from pilot.config import Config
+from pilot.core.clock import Clock
+from pilot.jobs import JobRecord
+from pilot.model.job_description import DescriptionError, JobDescription
+from pilot.model.node import NodeConfigured
+from pilot.scheduler import NodeSlots, never_fits
+from pilot.scheduler.attributes import ConsumableLedger
+from pilot.scheduler.distribution import Resources, why_not
+from pilot.scheduler.matching import Cluster, Matcher
+from pilot.sss_jobs import SssJob
+
+log = structlog.get_logger("pilot.core")
+
+
+@dataclass(slots=True, eq=False)
+class AgentRecord:
+    name: str
+    node: NodeConfigured
+    last_seen: float  # monotonic
+    registered: float  # wall clock
+    state: str = "active"  # active | lost | stopped
+    load: list[float] = field(default_factory=list)
+    utilized: dict[str, float] = field(default_factory=dict)  # psutil on the node, from heartbeats
+    #: Its outstanding processes: (process job id, slot).
+    processes: set[tuple[str, int]] = field(default_factory=set)
+    #: Highest TASK_EVENTS sequence number handled: acknowledged (after the journal commit) on heartbeats.
+    acked: int = 0
+    #: False for an agent recovered from the journal until it registers again with this daemon.
+    confirmed: bool = True
+
+
+@dataclass(slots=True)
+class Group:
+    """One allocation as a scheduling pass sees it (a job runs inside one allocation)."""
+
+    held: PilotAllocation
+    nodes: list[NodeSlots]
+    resources: Resources
+
+
+class NodeBook:
+    def __init__(self, *, config: Config, cluster: Cluster, allocations: AllocationBook, clock: Clock) -> None:
+        self.config = config
+        self.allocations = allocations
+        self.clock = clock
+        self.agents: dict[str, AgentRecord] = {}
+        self.slots: dict[str, NodeSlots] = {}
+        #: What SSS matching sees, and what placement takes from: the same NodeSlots as ``slots``, plus
+        #: consumable ledgers per node and for the allocation.
+        self.cluster = cluster
+        self.matcher = Matcher(cluster)
+        self.resources = Resources(self.slots, {}, ConsumableLedger.of(cluster.global_capacity))
+        self._fits: dict[Any, str | None] = {}  # request key -> why it can never fit, per node set
+        self._sss_fits: dict[Any, list[str]] = {}
+
+    def invalidate(self) -> None:
+        """The node sets changed: what can ever fit is judged again."""
+        self._fits.clear()
+        self._sss_fits.clear()
+
+    def register(self, node: NodeConfigured) -> AgentRecord:
+        self.invalidate()
+        agent = self.agents[node.name] = AgentRecord(
+            name=node.name, node=node, last_seen=self.clock.mono, registered=self.clock.wall
+        )
+        self.slots[node.name] = NodeSlots.from_configured(node)
+        self.cluster.add(site.match_node(self.config, self.cluster.registry, node))
+        capacity = site.node_capacity(self.config, node.name)
+        if capacity:
+            self.resources.ledgers[node.name] = ConsumableLedger.of(capacity)
+        return agent
+
+    def gone(self, agent: AgentRecord, *, state: str) -> None:
+        """Its agent was lost or stopped: nothing more is placed on the node."""
+        self.invalidate()
+        self.cluster.remove(agent.name)
+        agent.state = state
+        slots = self.slots.get(agent.name)
+        if slots is not None:
+            slots.usable = False
+
+    def measures(self, agent: AgentRecord, body: dict[str, Any]) -> None:
+        """A heartbeat's load values (SGE load_avg, mem_free, ...) refresh what matching sees; its
+        utilization (psutil on the node) is the SSS Node's Utilized category."""
+        values = body.get("values")
+        if isinstance(values, dict) and len(values) <= 64:
+            m = self.cluster.nodes.get(agent.name)
+            if m is not None:
+                clean = {k: v for k, v in values.items() if isinstance(k, str) and isinstance(v, int | float | str)}
+                before = m.values.version
+                m.values.report_load(self.cluster.registry, clean)
+                if m.values.version != before:
+                    self.cluster.touch()
+        used = body.get("utilized")
+        if isinstance(used, dict) and len(used) <= 16:
+            agent.utilized = {k: float(v) for k, v in used.items() if isinstance(k, str) and isinstance(v, int | float)}
+
+    def busy(self, held: PilotAllocation) -> bool:
+        for name in held.nodes:
+            agent = self.agents.get(name)
+            slots = self.slots.get(name)
+            if (agent is not None and agent.processes) or (slots is not None and slots.holders):
+                return True
+        return False
+
+    def free_cores(self) -> int:
+        return sum(len(n.free_cores) for n in self.slots.values() if n.usable)
+
+    def hostnames(self, job: JobRecord) -> list[str]:
+        return [self.slots[r.node].hostname for r in job.run.ranks]
+
+    # -- what a job holds ---------------------------------------------------------------------------
+
+    def retake(self, job: JobRecord) -> None:
+        """A resumed job's slots (and an SSS job's per-task consumables), as the journal says it holds them."""
+        run = job.run
+        placement = job.sss.placement if job.sss is not None else None
+        for i, rank in enumerate(run.ranks):
+            slots = self.slots.get(rank.node)
+            if slots is not None and i < len(run.held) and run.held[i]:
+                slots.take_exact(rank)
+                if placement is not None and rank.node in self.resources.ledgers:
+                    pool = self.resources.global_ledger.capacity
+                    host = {k: v for k, v in placement.tasks[i].amounts if k not in pool}
+                    self.resources.ledgers[rank.node].take(host)
+                if job.description.resources.exclusive_node_use:
+                    slots.exclusive_job = job.id
+
+    def release_rank(self, job: JobRecord, i: int) -> None:
+        run = job.run
+        if not (i < len(run.held) and run.held[i]):
+            return
+        run.held[i] = False
+        rank = run.ranks[i]
+        node = self.slots.get(rank.node)
+        placement = job.sss.placement if job.sss is not None else None
+        if placement is not None and i < len(placement.tasks):
+            pool = self.resources.global_ledger.capacity
+            host = {k: v for k, v in placement.tasks[i].amounts if k not in pool}
+            if host and rank.node in self.resources.ledgers:
+                self.resources.ledgers[rank.node].give_back(host)
+        if node is not None:
+            node.give_back(rank)
+            if node.exclusive_job == job.id and not any(
+                h and r.node == rank.node for h, r in zip(run.held, run.ranks, strict=True)
+            ):
+                node.exclusive_job = None
+
+    def release_all(self, job: JobRecord) -> None:
+        """Everything the job holds: its per-job consumables (licenses), then every rank's slots."""
+        placement = job.sss.placement if job.sss is not None else None
+        if placement is not None:
+            for level, amounts in placement.per_job:
+                ledger = self.resources.global_ledger if level == "global" else self.resources.ledgers.get(level)
+                if ledger is not None:
+                    ledger.give_back(dict(amounts))
+            placement.per_job = []
+        for i in range(len(job.run.ranks)):
+            self.release_rank(job, i)
+
+    # -- where jobs may go ----------------------------------------------------------------------------
+
+    def groups(self) -> list[Group]:
+        """Where a scheduling pass may place: each usable allocation with its usable nodes (a job runs
+        inside one allocation). One allocation: everything, as a single-allocation pilot always did."""
+        held = self.allocations.held
+        usable = [h for h in held.values() if h.usable]
+        if len(usable) == 1 and len(held) == 1:
+            return [Group(usable[0], [n for n in self.slots.values() if n.usable], self.resources)]
+        out = []
+        for h in usable:
+            slots = {n: s for n, s in self.slots.items() if n in h.nodes and s.usable}  # registration order
+            if slots:
+                res = Resources(slots, self.resources.ledgers, self.resources.global_ledger)
+                out.append(Group(h, list(slots.values()), res))
+        return out
+
+    def never_fits(self, description: JobDescription) -> str | None:
+        """never_fits against each allocation (a job runs inside one), once per request category while
+        the node sets stay the same: per submitted job it would cost O(nodes) on the submit path."""
+        key = description.resources.key
+        if key not in self._fits:
+            reasons = [never_fits(description.resources, nodes) for nodes in self._capacities()]
+            self._fits[key] = None if not reasons or None in reasons else reasons[0]
+        return self._fits[key]
+
+    def check_sss(self, sss: SssJob) -> None:
+        """Refuse an SSS job that can never run here (DescriptionError), once every node is in."""
+        allocations = self.allocations
+        if (
+            not self.cluster.nodes
+            or any(h.usable and len(h.nodes) < h.allocation.nodes for h in allocations.held.values())
+            or allocations.can_grow()
+        ):
+            return  # not every node is in yet, or more may come: judged when explained, not refused on a guess
+        key = sss.request.key
+        if key not in self._sss_fits:
+            # A job runs inside one allocation: it fits if it fits one of them (even idle).
+            per = [why_not(sss.request, self.matcher, g.resources, idle=True) for g in self.groups()]
+            self._sss_fits[key] = [] if not per or not all(per) else per[0]
+        reasons = self._sss_fits[key]
+        if reasons:
+            raise DescriptionError(f"{sss.effective.where} can never run in this allocation: " + "; ".join(reasons))
+
+    def _capacities(self) -> list[list[NodeSlots]]:
+        """Per usable allocation: its registered nodes, plus the ones it promises that have not
+        registered yet ([] while a batch allocation's shape is unknown: anything may fit). With
+        auto-allocation, the sites it may draw from count too (a batch site's shape is unknown)."""
+        out: list[list[NodeSlots]] = []
+        for held in self.allocations.held.values():
+            if not held.usable:
+                continue
+            nodes = [self.slots[n] for n in held.nodes if n in self.slots and self.slots[n].usable]
+            a = held.allocation
+            if not a.expected_nodes and len(nodes) < a.nodes:
+                return [[]]
+            nodes += [NodeSlots.from_configured(n) for n in a.expected_nodes if n.name not in self.slots]
+            out.append(nodes)
+        if self.allocations.can_grow():
+            for s in self.allocations.sites:
+                layout = getattr(s.lrm, "node_layout", None)
+                if layout is None:
+                    return [[]]
+                out.append([NodeSlots.from_configured(n) for n in layout(s.settings.nodes)])
+        return out

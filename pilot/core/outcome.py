@@ -1,0 +1,97 @@
+"""How a job ended, from its processes' results: the final state, the exit code, the message that
+names the cause (not the collateral), and the Delivered resources."""
+
+from __future__ import annotations
+
+import signal as _signal
+from typing import Any
+
+from pilot.jobs import JobRecord
+from pilot.model.job_state import JobState
+
+
+def outcome(job: JobRecord, *, walltime_margin: float) -> tuple[JobState, int | None, str | None]:
+    d = job.description
+    run = job.run
+    results = sorted(run.results.items(), key=lambda kv: (kv[0] < 0, kv[0]))
+    bad = [(slot, r) for slot, r in results if not r.ok]
+    if job.cancel_reason is not None and (bad or not results):
+        return JobState.CANCELED, None, job.cancel_reason
+    if not bad:
+        return JobState.COMPLETED, 0, None
+    # The cause, not the collateral: a process we killed because another failed is not the cause.
+    causes = [(s, r) for s, r in bad if r.reason is None or r.reason == "walltime"] or bad
+    slot, r = causes[0]
+    code = r.exit_code if r.exit_code is not None else (-r.signal if r.signal else None)
+    pre = f"pre_launch script {d.pre_launch!r}" if d.pre_launch else "the launch preparation (output files)"
+    what = {"pre": pre, "post": f"post_launch script {d.post_launch!r}"}.get(
+        r.role, f"rank {slot}" if len(run.ranks) > 1 or slot else "the process"
+    )
+    if r.reason == "walltime" and job.closing:
+        return (
+            JobState.FAILED,
+            code,
+            f"walltime: the allocation ends in under {walltime_margin:g} s (pilot.walltime_margin), so {what} was "
+            f"stopped on node {r.node} before the batch system could kill it",
+        )
+    if r.reason == "walltime":
+        return (
+            JobState.FAILED,
+            code,
+            (
+                f"walltime exceeded: {what} ran past JobAttributes.duration of {d.duration:g} s "
+                f"on node {r.node} and was killed"
+            ),
+        )
+    if r.message is not None:
+        return JobState.FAILED, code, r.message
+    if r.signal:
+        return (
+            JobState.FAILED,
+            code,
+            f"{what} was killed by signal {r.signal} ({_signame(r.signal)}) on node {r.node}",
+        )
+    return JobState.FAILED, code, f"{what} exited with code {r.exit_code} on node {r.node}"
+
+
+def delivered(job: JobRecord, exit_code: int | None) -> dict[str, Any]:
+    """The job's Delivered resources (PSI/J status metadata), summed over its processes."""
+    run = job.run
+    ranks = [r for r in run.results.values() if r.data]
+    user = sum(float(r.data.get("user_cpu_time") or 0) for r in ranks)
+    system = sum(float(r.data.get("system_cpu_time") or 0) for r in ranks)
+    wall = max(0.0, (run.ended or 0) - run.started) if run.started is not None else 0.0
+    processors = sum(len(r.cores) for r in run.ranks)
+    signals = [r.signal for r in run.results.values() if r.signal]
+    # The signal of the process that decided the outcome (a rank killed because another failed is
+    # not it); when no process decided it (canceled, node lost), the first one seen.
+    if exit_code is not None:
+        signal: int | None = -exit_code if exit_code < 0 else None
+    else:
+        signal = signals[0] if signals else None
+    return {
+        "wall_duration": wall,
+        "user_cpu_time": user,
+        "system_cpu_time": system,
+        "max_rss": max((int(r.data.get("max_rss") or 0) for r in ranks), default=0),
+        "processors": processors,
+        "gpus": sum(len(r.gpus) for r in run.ranks),
+        "consumption_rate": (user + system) / (wall * processors) if wall > 0 and processors else 0.0,
+        "nodes": sorted({r.node for r in run.ranks}),
+        "processes": sum(1 for slot in run.results if slot >= 0),
+        "exit_code": exit_code,
+        "signal": signal,
+        **({"started": run.started} if run.started is not None else {}),
+        **(
+            {"tasks": [[t.group, t.task, t.node, t.cores, t.gpus] for t in job.sss.placement.tasks]}
+            if job.sss is not None and job.sss.placement is not None
+            else {}
+        ),
+    }
+
+
+def _signame(sig: int) -> str:
+    try:
+        return _signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"

@@ -1,0 +1,96 @@
+"""The daemon's job phases and the one table of moves between them.
+
+A job's PSI/J state (QUEUED, ACTIVE, final) is what clients see; its phase is where the daemon has it.
+Every phase change goes through :meth:`pilot.core.jobs.JobBook.move`, which checks the pair against
+:data:`MOVES` (an illegal move is a bug, raised at once) and keeps the queue, the blocked set, the jobs
+waiting behind busy cores and the journal's dirty set in step. Staging adds its phases here: one row
+each, and the moves into and out of them.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Final
+
+
+class Phase(Enum):
+    #: Accepted, waiting for its dependencies or an SSS <Hold> release: not in the queue.
+    BLOCKED = "blocked"
+    #: In the queue, waiting for slots.
+    QUEUED = "queued"
+    #: Its one order is at an agent, behind a busy core (``pilot.backlog``); not started yet.
+    BEHIND = "behind"
+    #: Of those, one asked back from its agent (WITHDRAW) to be placed again on a free core.
+    WITHDRAWING = "withdrawing"
+    #: Its pre_launch script (or the launch preparation of shared output files) runs.
+    PRE_LAUNCH = "pre"
+    #: Its ranks run.
+    RANKS = "ranks"
+    #: Its post_launch script runs.
+    POST_LAUNCH = "post"
+    #: Ended: its final state is set; it leaves memory after the flush that sends it.
+    DONE = "done"
+
+    __hash__ = object.__hash__  # singletons: identity hashing, as JobState
+
+    @property
+    def journaled(self) -> str:
+        """The phase as the journal's ``phase`` column keeps it (queued | pre | ranks | post | done)."""
+        return _JOURNALED[self]
+
+    @staticmethod
+    def from_journal(value: str) -> Phase:
+        """A journaled phase; a queued one is QUEUED until the resuming core finds it BLOCKED."""
+        phase = _FROM_JOURNAL.get(value)
+        if phase is None:
+            raise ValueError(f"unknown job phase {value!r}")
+        return phase
+
+
+_JOURNALED: Final = {
+    Phase.BLOCKED: "queued",
+    Phase.QUEUED: "queued",
+    Phase.BEHIND: "ranks",
+    Phase.WITHDRAWING: "ranks",
+    Phase.PRE_LAUNCH: "pre",
+    Phase.RANKS: "ranks",
+    Phase.POST_LAUNCH: "post",
+    Phase.DONE: "done",
+}
+
+_FROM_JOURNAL: Final = {
+    "queued": Phase.QUEUED,
+    "pre": Phase.PRE_LAUNCH,
+    "ranks": Phase.RANKS,
+    "post": Phase.POST_LAUNCH,
+    "done": Phase.DONE,
+}
+
+_PLACED: Final = (Phase.BEHIND, Phase.WITHDRAWING, Phase.PRE_LAUNCH, Phase.RANKS, Phase.POST_LAUNCH)
+
+#: Allowed moves. A placed job goes back to QUEUED when it is requeued (restartable, node lost) or
+#: given back unstarted (withdrawn); any unfinished job may end (canceled, failed, stranded).
+MOVES: Final[frozenset[tuple[Phase, Phase]]] = frozenset(
+    {
+        (Phase.BLOCKED, Phase.QUEUED),
+        (Phase.QUEUED, Phase.BEHIND),
+        (Phase.QUEUED, Phase.PRE_LAUNCH),
+        (Phase.QUEUED, Phase.RANKS),
+        (Phase.BEHIND, Phase.RANKS),
+        (Phase.BEHIND, Phase.WITHDRAWING),
+        (Phase.WITHDRAWING, Phase.RANKS),
+        (Phase.PRE_LAUNCH, Phase.RANKS),
+        (Phase.RANKS, Phase.POST_LAUNCH),
+        *((p, Phase.QUEUED) for p in _PLACED),
+        *((p, Phase.DONE) for p in (Phase.BLOCKED, Phase.QUEUED, *_PLACED)),
+    }
+)
+
+
+class IllegalMove(AssertionError):
+    """A phase change the table does not allow: a bug in the core, never a user's error."""
+
+
+def check_move(old: Phase, new: Phase, *, job_id: str) -> None:
+    if (old, new) not in MOVES:
+        raise IllegalMove(f"job {job_id}: {old.name} -> {new.name} is not a move of the job state machine")

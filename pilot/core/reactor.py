@@ -1,0 +1,327 @@
+"""The core: pure state driven by events, writing what must happen into its outbox.
+
+The daemon's shell feeds it (client requests, agents' messages, ticks, allocations that end), sets
+its clock before each step, and after each burst calls :meth:`Core.step` (schedule, reclaim, journal
+batch sealed), commits the journal, then sends what the outbox holds. Nothing in here touches a
+socket, a file or the system clock, so every path of a job's life can be driven by a test in
+milliseconds (``tests/core/``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from pilot import wire
+from pilot.allocations import AllocationBook, PilotAllocation, Site, node_allocation_key
+from pilot.config import Config
+from pilot.core.admission import Admission
+from pilot.core.agents import Agents
+from pilot.core.clock import Clock
+from pilot.core.jobs import History, JobBook
+from pilot.core.lifecycle import Lifecycle
+from pilot.core.nodes import NodeBook
+from pilot.core.outbox import CancelAllocation, Outbox
+from pilot.core.phase import Phase
+from pilot.core.planning import Planner
+from pilot.core.schedule import Scheduler, needs_lrm
+from pilot.core.state import CoreState
+from pilot.jobs import JobRecord, ProcessResult
+from pilot.launchers.base import Launcher
+from pilot.model.job_description import DescriptionError
+from pilot.model.job_state import JobState
+from pilot.model.node import NodeConfigured
+from pilot.scheduler.dag import edges_from_wire
+from pilot.scheduler.distribution import JobPlacement, TaskPlacement
+from pilot.scheduler.matching import Cluster
+from pilot.scheduler.placement import RankPlacement
+from pilot.sss_jobs import SssJob, prepare, read_submission
+
+log = structlog.get_logger("pilot.core")
+
+
+class Core:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        allocations: AllocationBook,
+        cluster: Cluster,
+        launchers: dict[str, Launcher],
+        history: History | None = None,
+        clock: Clock | None = None,
+        agent_logs: str = "the agents' log directory",
+    ) -> None:
+        self.config = config
+        self.agent_logs = agent_logs  # where a missing agent's log is, for the message that says so
+        self.clock = clock or Clock()
+        self.outbox = Outbox()
+        self.allocations = allocations
+        self.book = JobBook(clock=self.clock, outbox=self.outbox, history=history)
+        self.nodes = NodeBook(config=config, cluster=cluster, allocations=allocations, clock=self.clock)
+        state = CoreState(config, self.clock, self.outbox, self.book, self.nodes, allocations)
+        planner = Planner(launchers=launchers, nodes=self.nodes, clock=self.clock)
+        self.lifecycle = Lifecycle(state, planner=planner)
+        self.scheduler = Scheduler(state, lifecycle=self.lifecycle)
+        self.agents = Agents(state, lifecycle=self.lifecycle)
+        self.admission = Admission(state)
+
+    # -- events from clients ------------------------------------------------------------------------
+
+    def on_submit(self, ident: bytes, jobs: list[Any], keys: list[str | None] | None) -> list[dict[str, Any]]:
+        return self.admission.submit(ident, jobs, keys)
+
+    def on_cancel(self, job_id: str, *, reason: str = "canceled") -> dict[str, Any]:
+        job = self.book.jobs.get(job_id)
+        if job is None:
+            history = self.book.history
+            if history is not None and history.job_status(job_id) is not None:
+                return {"id": job_id}  # it has ended already: nothing to cancel
+            return {"error": f"no job {job_id!r} in this pilot"}
+        self.lifecycle.cancel(job, reason=reason)
+        return {"id": job_id}
+
+    def on_attach(self, ident: bytes, job_id: str) -> dict[str, Any]:
+        return self.admission.attach(ident, job_id)
+
+    def on_release(self, job_id: str) -> dict[str, Any]:
+        """Lift an SSS <Hold>."""
+        job = self.book.jobs.get(job_id)
+        if job is None or job.final:
+            return {"error": f"job {job_id!r} is not waiting in this pilot"}
+        if not job.user_hold:
+            return {"id": job_id, "released": False}
+        job.user_hold = False
+        self.book.unblock(job)
+        return {"id": job_id, "released": True}
+
+    # -- events from agents and the batch system ----------------------------------------------------
+
+    def on_agent(self, name: str, msg: wire.Message) -> None:
+        self.agents.on_message(name, msg)
+
+    def on_tick(self) -> None:
+        """Heartbeats, agents that never came, allocations whose walltime margin is reached."""
+        self.agents.check_heartbeats()
+        self._check_agents_started()
+        margin = self.config.pilot.walltime_margin
+        for held in list(self.allocations.held.values()):
+            end = held.end()
+            if end is not None and held.alive and not held.closing and self.clock.wall >= end - margin:
+                self._close(held)
+
+    def on_allocation_ended(self, held: PilotAllocation) -> None:
+        """The batch system ended an allocation under us (scancel, walltime, node failure) or it never
+        started: every job on it ends FAILED with the batch system's own account, at once, not at
+        heartbeat timeout. Queued jobs fail too when no allocation is left and none can come."""
+        held.over = True
+        self.nodes.invalidate()
+        allocation = held.allocation
+        message = f"the allocation ({allocation.lrm} job {allocation.native_id}) ended: {allocation.message}"
+        if held.released:
+            log.info("allocation released", allocation=held.key, native_id=allocation.native_id)
+        else:
+            log.error(
+                "allocation ended",
+                allocation=held.key,
+                native_id=allocation.native_id,
+                state=allocation.state.value,
+                message=allocation.message,
+            )
+            if not held.ready:
+                self.on_failed_to_start(message)
+        for name in sorted(held.nodes):
+            agent = self.nodes.agents.get(name)
+            if agent is not None:
+                self.agents.gone(agent, message)
+        self.fail_stranded(message)
+
+    def on_failed_to_start(self, what: str) -> None:
+        self.outbox.journal.meta(self.allocations.META, self.allocations.failed_to_start(what))
+
+    def on_release_allocation(self, held: PilotAllocation) -> None:
+        """An idle allocation goes back to the batch system: nothing new is placed there, its agents
+        are told to stop, then it is cancelled."""
+        held.released = True
+        self.nodes.invalidate()
+        log.info("auto-allocation: releasing an idle allocation", allocation=held.key, native=held.allocation.native_id)
+        self.stop_agents("allocation released: idle", only=held.nodes)
+        self.cancel_allocation(held)
+
+    def cancel_allocation(self, held: PilotAllocation) -> None:
+        if held.cancelling or held.allocation.state.final:
+            return
+        held.cancelling = True
+        self.outbox.effects.append(CancelAllocation(held.key))
+
+    def fail_stranded(self, message: str) -> None:
+        """Queued jobs fail when no allocation is left and none can come: never a hang."""
+        if self.allocations.may_run_later(None, now=self.clock.wall):
+            return
+        reason = self.allocations.stopped or message
+        for job in list(self.book.jobs.values()):
+            if job.phase in (Phase.QUEUED, Phase.BLOCKED):
+                self.book.end(job, JobState.FAILED, message=reason)
+
+    def _check_agents_started(self) -> None:
+        """Agents that have not registered ``agent_start_timeout`` after their allocation started are
+        reported (status and log); when none came at all, the allocation is given up and released."""
+        timeout = self.config.pilot.agent_start_timeout
+        for held in self.allocations.held.values():
+            a = held.allocation
+            if a.started is None or held.missing_agents or not held.alive or self.allocations.stopping:
+                continue
+            registered = len(held.nodes)
+            if registered >= a.nodes or self.clock.wall - a.started < timeout:
+                continue
+            held.missing_agents = (
+                f"{a.nodes - registered} of {a.nodes} agents did not register within {timeout:g} s "
+                f"(pilot.agent_start_timeout); their logs are in {self.agent_logs}"
+            )
+            log.error("agents missing", allocation=held.key, message=held.missing_agents)
+            if registered == 0:
+                a.message = held.missing_agents
+                self.on_allocation_ended(held)
+                self.cancel_allocation(held)  # nothing of it is usable: do not keep paying for it
+
+    def _close(self, held: PilotAllocation) -> None:
+        """An allocation's walltime margin is reached: stop every task running on it now, so each ends
+        with a clear message instead of being killed by the batch system with the allocation."""
+        held.closing = True
+        self.nodes.invalidate()
+        log.warning(
+            "allocation walltime nearly over; stopping running tasks",
+            allocation=held.key,
+            end=held.end(),
+            margin=self.config.pilot.walltime_margin,
+        )
+        for job in self.book.jobs.values():
+            if not job.final and job.run.processes and any(p.node in held.nodes for p in job.run.processes.values()):
+                self.lifecycle.close(job)
+
+    # -- the step and shutdown ----------------------------------------------------------------------
+
+    def step(self) -> None:
+        """After a burst of events: a scheduling pass, reclaim from behind busy cores, and the journal's
+        batch sealed (the shell commits it before anything in the outbox leaves)."""
+        self.scheduler.run()
+        if self.book.behind:
+            self.lifecycle.reclaim()
+        self.book.seal()
+
+    def could_run(self, source: Site) -> bool:
+        """A new allocation of ``source`` could run one of the oldest queued jobs (its launcher's batch
+        system, its duration within the site's walltime): auto-allocation asks before it grows."""
+        queue = self.book.queue
+        heads = [j for k, _ in queue.heads() if (j := queue.peek(k)) is not None][:16]
+        return any(source.could_take(job.description.duration, needs_lrm(job)) for job in heads)
+
+    def cancel_all(self, reason: str) -> None:
+        self.allocations.stopping = True
+        for job in list(self.book.jobs.values()):
+            if not job.final:
+                self.lifecycle.cancel(job, reason=reason)
+
+    def stop_agents(self, reason: str, *, only: set[str] | None = None) -> None:
+        for name, agent in self.nodes.agents.items():
+            if agent.state == "active" and (only is None or name in only):
+                self.outbox.to_agent(name, wire.Kind.STOP, {"reason": reason})
+
+    def give_up(self) -> None:
+        """The end of a shutdown: agents that did not stop are lost, and every job left ends."""
+        for agent in list(self.nodes.agents.values()):
+            if agent.state == "active":
+                self.agents.gone(agent, f"agent on {agent.name} did not stop in time")
+        for job in self.book.jobs.values():
+            if not job.final:
+                self.lifecycle.finish(job)
+
+    def settled(self) -> bool:
+        """Every job final, or no agent left to end them."""
+        return all(j.final for j in self.book.jobs.values()) or self.agents_stopped()
+
+    def agents_stopped(self) -> bool:
+        return all(a.state != "active" for a in self.nodes.agents.values())
+
+    # -- resume ---------------------------------------------------------------------------------------
+
+    def resume(self, *, jobs: list[JobRecord], nodes: list[NodeConfigured], next_seq: int) -> None:
+        """Rebuild from the journal of a daemon that died: jobs, queue, nodes and their held slots. The
+        agents keep running and register again (with their unacknowledged events)."""
+        for node in nodes:
+            agent = self.agents.register(node)
+            agent.confirmed = False
+            self.nodes.slots[node.name].usable = False  # until its agent is back
+            known = self.allocations.held.get(node_allocation_key(node.name))
+            if known is None or known.over:
+                self.agents.gone(agent, f"node {node.name}'s allocation ended before the restart")
+        self.book.seq = next_seq - 1
+        book = self.book
+        for job in jobs:
+            if job.final:
+                book.counts[job.state] += 1
+                continue  # the journal answers for it
+            error = self._rebuild_journaled(job)
+            book.restore(job)
+            if error is not None and job.phase in (Phase.QUEUED, Phase.BLOCKED):
+                book.end(job, JobState.FAILED, message=f"not rebuilt after a restart: {error}")
+            if job.phase in (Phase.QUEUED, Phase.BLOCKED, Phase.DONE):
+                continue
+            self.nodes.retake(job)
+            run = job.run
+            for slot, plan in list(run.processes.items()):
+                owner = self.nodes.agents.get(plan.node)
+                if owner is not None:
+                    owner.processes.add((plan.order.job_id, slot))
+                else:
+                    message = f"node {plan.node} is not known to the restarted daemon"
+                    self.lifecycle.process_done(job, slot, ProcessResult(plan.node, plan.order.role, message=message))
+            if job.final:
+                continue
+            if not run.processes:
+                self.lifecycle.finish(job)
+            elif job.phase is Phase.RANKS and any(p.order.after_cores for p in run.processes.values()):
+                job.phase = Phase.BEHIND  # as journaled ("ranks"), but its order may still wait for a core
+                book.behind[job.id] = self.clock.mono
+        for blocked in list(book.blocked.values()):
+            book.unblock(blocked)
+
+    def _rebuild_journaled(self, job: JobRecord) -> str | None:
+        """A resumed job's SSS side, dependency edges and Hold, from what the journal kept; why not, if
+        it cannot be. A running SSS job's tasks map onto its ranks in order (its first variant: jobs
+        with alternatives that ran another variant show the first's task numbering)."""
+        extra, job.journaled = job.journaled, None
+        if not extra:
+            return None
+        book = self.book
+        try:
+            if isinstance(extra.get("sss"), str):
+                job.sss = prepare(read_submission(extra["sss"])[0][0], self.nodes.cluster)
+                if job.run.ranks:
+                    job.sss.placement = _placement_from_ranks(job.sss, job.run.ranks)
+            if extra.get("edges"):
+                edges = edges_from_wire(extra["edges"])
+                book.graph.restore(job.id, job.description.name, edges, where=f"job {job.id}")
+                job.edges = extra["edges"]
+                for e in edges:
+                    for target in e.targets:
+                        if target not in book.graph.outcomes and (outcome := book.ended(target)) is not None:
+                            book.graph.outcomes[target] = outcome
+            job.user_hold = bool(extra.get("hold"))
+        except (DescriptionError, ValueError, IndexError) as exc:
+            log.error("journaled job cannot be rebuilt", job=job.id, error=str(exc))
+            return str(exc)
+        return None
+
+
+def _placement_from_ranks(sss: SssJob, ranks: list[RankPlacement]) -> JobPlacement:
+    variant = sss.request.variants[0]
+    tasks = []
+    i = 0
+    for group, g in enumerate(variant):
+        for t in range(g.task_count):
+            r = ranks[i]
+            tasks.append(TaskPlacement(group, t, r.node, r.cores, r.gpus, r.memory, g.per_task))
+            i += 1
+    return JobPlacement(tasks, 0)

@@ -1,0 +1,268 @@
+"""Read-only views of the core for 'pilot status', 'explain', 'show' and 'nodes': they look, never change.
+
+Jobs that left memory (ended, or from an earlier daemon) are answered from the journal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pilot.allocations import node_allocation_key
+from pilot.core.jobs import History
+from pilot.core.lifecycle import RECLAIM_AFTER
+from pilot.core.phase import Phase
+from pilot.core.reactor import Core
+from pilot.formats import write_job, write_nodes
+from pilot.jobs import JobRecord
+from pilot.model.job_description import DescriptionError, JobDescription
+from pilot.model.job_state import JobState
+from pilot.model.sss import JobStatus, NodeObject, TaskStatus, job_with_status, node_object
+from pilot.model.sss.psij import to_sss
+from pilot.scheduler.dag import Verdict
+from pilot.scheduler.distribution import why_not
+from pilot.security import redact
+from pilot.sss_jobs import read_submission
+from pilot.store import SSS_KEYS
+
+
+def job_ids(core: Core) -> list[str]:
+    history = core.book.history
+    known = history.job_ids() if history is not None else []
+    return sorted(set(known).union(core.book.jobs), key=_id_order)
+
+
+def explain(core: Core, job_id: str) -> dict[str, Any]:
+    """Why a job is still QUEUED (what it waits for, or which requirement no node meets), or how it
+    ended: for 'pilot explain' and the client's explain()."""
+    book, nodes = core.book, core.nodes
+    job = book.jobs.get(job_id)
+    if job is None:
+        found = book.history.job_status(job_id) if book.history is not None else None
+        if found is None:
+            return {"error": f"no job {job_id!r} in this pilot"}
+        _, state, _, code, message, _ = found[0]
+        return {"id": job_id, "state": state, "reasons": [_ended_reason(state, code, message)]}
+    state = job.state.value
+    if job.final:
+        return {"id": job_id, "state": state, "reasons": [_ended_reason(state, job.exit_code, job.message)]}
+    if job.phase not in (Phase.QUEUED, Phase.BLOCKED):
+        return {"id": job_id, "state": state, "reasons": [_placed_reason(core, job)]}
+    reasons: list[str] = []
+    if job.user_hold:
+        reasons.append(f"it is held (SSS <Hold>): 'pilot release {job_id}' lets it run")
+    if job.phase is Phase.BLOCKED:
+        verdict, waits = book.graph.verdict(job.id)
+        reasons += waits if verdict is Verdict.WAIT else []
+        if reasons:
+            return {"id": job_id, "state": state, "reasons": reasons}
+    coming = core.allocations.coming()
+    if not nodes.cluster.nodes:
+        return {
+            "id": job_id,
+            "state": state,
+            "reasons": ["no node has registered yet (the allocation is starting)", *coming],
+        }
+    if job.sss is not None:
+        never = why_not(job.sss.request, nodes.matcher, nodes.resources, idle=True)
+        if never:
+            return {"id": job_id, "state": state, "reasons": ["it can never run here: " + r for r in never]}
+        now = why_not(job.sss.request, nodes.matcher, nodes.resources)
+        reasons += [f"waits for resources: {r}" for r in now] or ["it fits now: the next scheduling pass starts it"]
+    else:
+        r = job.description.resources
+        never_reason = nodes.never_fits(job.description)
+        if never_reason is not None:
+            return {"id": job_id, "state": state, "reasons": [f"it can never run here: it {never_reason}"]}
+        reasons.append(
+            f"waits for resources: needs {r.process_count} process(es) of {r.cpu_cores_per_process} core(s)"
+            + (f" and {r.gpu_cores_per_process} GPU(s)" if r.gpu_cores_per_process else "")
+            + f"; {nodes.free_cores()} core(s) are free now"
+        )
+    ahead = sum(
+        1
+        for j in book.jobs.values()
+        if j.phase is Phase.QUEUED and j.category == job.category and _id_order(j.id) < _id_order(job.id)
+    )
+    if ahead:
+        reasons.append(f"{ahead} job(s) with the same request were queued before it")
+    return {"id": job_id, "state": state, "reasons": reasons + coming}
+
+
+def _placed_reason(core: Core, job: JobRecord) -> str:
+    """A placed job: running, or sent to its node behind a busy core (pilot.backlog) and not started
+    yet, or being asked back from there (WITHDRAW) to be placed again."""
+    nodes = ", ".join(sorted({r.node for r in job.run.ranks}))
+    since = core.book.behind.get(job.id)
+    if since is None:
+        return f"it is running ({job.phase.journaled}) on {nodes}"
+    cores = ", ".join(str(c) for r in job.run.ranks for c in r.cores)
+    waited = f"{core.clock.mono - since:.2f} s"
+    if job.phase is Phase.WITHDRAWING:
+        return (
+            f"it waited {waited} on {nodes} for core(s) {cores}, still busy with an earlier task, and is being "
+            "taken back from that node's agent to be placed again on a core that is free now"
+        )
+    return (
+        f"it is on {nodes} and starts there as soon as core(s) {cores} are free: placed behind a running "
+        f"task (pilot.backlog) {waited} ago; after {RECLAIM_AFTER:g} s it is taken back to a free core, if "
+        "one comes first"
+    )
+
+
+def show(core: Core, job_id: str) -> dict[str, Any]:
+    """The job as SSS Job XML with its State, times, Delivered and (once placed) its Task elements."""
+    job = core.book.jobs.get(job_id)
+    if job is not None:
+        source = job.sss.shown if job.sss is not None else to_sss(job.description)
+        status: list[Any] = job.status()
+        started, ended, held = job.run.started, job.run.ended, job.user_hold
+        tasks = _task_status(job)
+        submitted: float | None = job.submitted
+    else:
+        history: History | None = core.book.history
+        found = history.job_record(job_id) if history is not None else None
+        if found is None:
+            return {"error": f"no job {job_id!r} in this pilot"}
+        raw, status, submitted, started, ended = found
+        try:
+            plain = {k: v for k, v in raw.items() if k not in SSS_KEYS}
+            source = read_submission(raw["sss"])[0][0] if "sss" in raw else to_sss(JobDescription.from_wire(plain))
+        except DescriptionError as exc:
+            return {"error": f"job {job_id}: its journaled description cannot be read: {exc}"}
+        held = False
+        tasks = [
+            TaskStatus(int(g), int(t), str(n), list(c), list(gp))
+            for g, t, n, c, gp in (status[5] or {}).get("tasks", [])
+        ]
+    st = JobStatus(
+        id=job_id,
+        state=JobState(status[1]),
+        held=held,
+        exit_code=status[3],
+        message=status[4],
+        submit_time=submitted,
+        start_time=started,
+        end_time=ended,
+        delivered=status[5] or {},
+        tasks=tasks,
+    )
+    return {"id": job_id, "xml": write_job(job_with_status(source, st))}
+
+
+def _task_status(job: JobRecord) -> list[TaskStatus]:
+    if job.sss is not None and job.sss.placement is not None:
+        return [TaskStatus(t.group, t.task, t.node, t.cores, t.gpus) for t in job.sss.placement.tasks]
+    return [TaskStatus(0, i, r.node, r.cores, r.gpus) for i, r in enumerate(job.run.ranks)]
+
+
+def nodes_xml(core: Core) -> str:
+    """The nodes as SSS Node XML: Configured, Available, Utilized."""
+    nodes = core.nodes
+    out: list[NodeObject] = []
+    for name, agent in nodes.agents.items():
+        slots = nodes.slots.get(name)
+        m = nodes.cluster.nodes.get(name)
+        ledger = nodes.resources.ledgers.get(name)
+        out.append(
+            node_object(
+                agent.node,
+                state={"active": "Idle" if slots is not None and not slots.holders else "Busy"}.get(
+                    agent.state, "Down"
+                ),
+                free_processors=len(slots.free_cores) if slots is not None else None,
+                free_gpus=len(slots.free_gpus) if slots is not None else None,
+                free_memory=slots.free_memory if slots is not None else None,
+                utilized=agent.utilized or None,
+                resources={
+                    k.removeprefix("Resource:"): (cap, ledger.free.get(k, 0.0)) for k, cap in ledger.capacity.items()
+                }
+                if ledger is not None
+                else None,
+                attributes={k: v for k, v in m.values.effective(nodes.cluster.registry).items()}
+                if m is not None
+                else None,
+                features=sorted(m.features) if m is not None else None,
+            )
+        )
+    return write_nodes(out)
+
+
+def status(core: Core, *, pilot: dict[str, Any]) -> dict[str, Any]:
+    """'pilot status': the pilot (``pilot``: what the shell knows of itself), its allocations, nodes and
+    jobs by state. Anything that looks like a secret is masked."""
+    held = core.allocations.held
+    agents = core.nodes.agents
+    allocations = [
+        h.to_status(registered=sum(1 for n in h.nodes if n in agents and agents[n].state == "active"))
+        for h in held.values()
+    ]
+    nodes = []
+    for name, slots in core.nodes.slots.items():
+        agent = agents[name]
+        nodes.append(
+            {
+                "name": name,
+                "allocation": node_allocation_key(name),
+                "hostname": slots.hostname,
+                "agent": agent.state if agent.confirmed else "reconnecting",  # recovered, not back yet
+                "cores": len(slots.cores),
+                "free_cores": len(slots.free_cores),
+                "gpus": len(slots.gpus),
+                "free_gpus": len(slots.free_gpus),
+                "memory": slots.memory,
+                "free_memory": slots.free_memory,
+                "processes": len(agent.processes),
+                "load": agent.load,
+                "os": agent.node.os,
+                "architecture": agent.node.architecture,
+                "features": agent.node.features,
+            }
+        )
+    for h in held.values():
+        for n in h.allocation.expected_nodes if h.alive else ():
+            if n.name not in core.nodes.slots:
+                nodes.append(
+                    {
+                        "name": n.name,
+                        "allocation": h.key,
+                        "hostname": n.hostname,
+                        "agent": "starting",
+                        "cores": len(n.processors),
+                        "free_cores": 0,
+                        "gpus": len(n.gpus),
+                        "free_gpus": 0,
+                        "memory": n.memory,
+                        "free_memory": 0,
+                        "processes": 0,
+                        "load": [],
+                        "os": n.os,
+                        "architecture": n.architecture,
+                        "features": n.features,
+                    }
+                )
+    st: dict[str, Any] = {
+        "pilot": pilot,
+        # The first still alive (else the last): what a single-allocation pilot has always shown.
+        "allocation": next(
+            (st for st, h in zip(allocations, held.values(), strict=True) if h.alive),
+            allocations[-1] if allocations else None,
+        ),
+        "allocations": allocations,
+        "autoscale": core.allocations.autoscale_status(),
+        "nodes": nodes,
+        "jobs": {s.value: n for s, n in core.book.counts.items() if n},
+        "queued": len(core.book.queue) + len(core.book.behind),
+    }
+    masked: dict[str, Any] = redact(st)  # nothing that looks like a secret leaves in a status
+    return masked
+
+
+def _id_order(job_id: str) -> tuple[int, str]:
+    return (int(job_id), "") if job_id.isdigit() else (0, job_id)
+
+
+def _ended_reason(state: str, code: int | None, message: str | None) -> str:
+    text = f"it ended {state}"
+    if code is not None:
+        text += f" with exit code {code}"
+    return text + (f": {message}" if message else "")

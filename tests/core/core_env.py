@@ -1,0 +1,139 @@
+"""An in-process core to drive with events: a fake clock, agents that are only names, and the outbox
+recorded after each step. No socket, process or thread: a whole job lifecycle runs in microseconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pilot import config, lrm, site, wire
+from pilot.allocations import AllocationBook, PilotAllocation, Site
+from pilot.core.clock import Clock
+from pilot.core.outbox import Outbox
+from pilot.core.reactor import Core
+from pilot.jobs import JobRecord
+from pilot.launchers import LAUNCHERS
+from pilot.lrm.base import Allocation, AllocationState
+from pilot.model.job_description import JobDescription, ResourceRequest
+from pilot.model.job_state import JobState
+from pilot.model.node import NodeConfigured
+from pilot.store import Batch, Store
+
+CLIENT = b"client-1"
+
+
+@dataclass
+class Step:
+    """What one step of the core sent (the outbox), and the journal batch it committed."""
+
+    out: Outbox
+    journal: Batch
+
+    def orders(self, node: str) -> list[dict[str, Any]]:
+        return self.out.orders.get(node, [])
+
+    def kills(self, node: str) -> dict[str, list[list[Any]]]:
+        return dict(self.out.kills.get(node, {}))
+
+    def statuses(self, ident: bytes = CLIENT) -> dict[str, list[Any]]:
+        return self.out.statuses.get(ident, {})
+
+
+@dataclass
+class CoreEnv:
+    nodes: int = 1
+    cores: int = 2
+    pilot: dict[str, Any] = field(default_factory=dict)
+    walltime: float | None = None
+    store: Store | None = None
+
+    def __post_init__(self) -> None:
+        raw = {"pilot": {"agent_timeout": 5.0, **self.pilot}, "allocation": {"lrm": "local", "nodes": self.nodes}}
+        self.config = config.parse(raw, source="<core test>")
+        sites = [Site(s, lrm.create(s.lrm, options=s.options, source="<core test>")) for s in self.config.sites]
+        self.allocations = AllocationBook(sites=sites, autoscale=self.config.autoscale)
+        self.clock = Clock(wall=1_000_000.0, mono=100.0)
+        allocation = Allocation(
+            native_id="1",
+            lrm="local",
+            state=AllocationState.ACTIVE,
+            nodes=self.nodes,
+            submitted=self.clock.wall,
+            started=self.clock.wall,
+            walltime=self.walltime,
+        )
+        self.allocations.held["a1"] = PilotAllocation("a1", sites[0], allocation)
+        self.core = self._core()
+        #: Every status sent to a client, newest per job: what the clients were told.
+        self.sent: dict[bytes, dict[str, list[Any]]] = {}
+
+    def _core(self) -> Core:
+        return Core(
+            config=self.config,
+            allocations=self.allocations,
+            cluster=site.cluster(self.config, lrm_kind="local"),
+            launchers=dict(LAUNCHERS),
+            history=self.store,
+            clock=self.clock,
+        )
+
+    # -- events -----------------------------------------------------------------------------------------
+
+    def advance(self, seconds: float) -> None:
+        self.clock.set(wall=self.clock.wall + seconds, mono=self.clock.mono + seconds)
+
+    def register(self, name: str = "n0", *, running: list[list[Any]] | None = None, events: list[Any] = ()) -> Step:
+        node = NodeConfigured(name=name, hostname=name, processors=list(range(self.cores)), memory=1 << 30)
+        body = {"node": node.to_wire(), "running": running or [], "events": list(events), "seq": 0}
+        self.core.on_agent(name, wire.Message(wire.Kind.REGISTER, body))
+        return self.step()
+
+    def submit(self, *descriptions: JobDescription, ident: bytes = CLIENT) -> list[str]:
+        results = self.core.on_submit(ident, [d.to_wire() for d in descriptions], None)
+        ids = []
+        for r in results:
+            assert "id" in r, r
+            ids.append(r["id"])
+        return ids
+
+    def events(self, node: str, *events: list[Any]) -> None:
+        self.core.on_agent(node, wire.Message(wire.Kind.TASK_EVENTS, {"events": list(events), "seq": 0}))
+
+    def started(self, node: str, proc_id: str, slot: int = 0) -> None:
+        self.events(node, [proc_id, slot, "started", self.clock.wall, {}])
+
+    def exited(self, node: str, proc_id: str, slot: int = 0, *, code: int = 0, **data: Any) -> None:
+        self.events(node, [proc_id, slot, "exited", self.clock.wall, {"exit_code": code, **data}])
+
+    def step(self) -> Step:
+        """One step as the daemon runs it: schedule, reclaim, seal; the journal committed (to a real
+        store when the env has one), then the outbox taken."""
+        self.core.step()
+        journal = self.core.outbox.take_journal()
+        if self.store is not None:
+            self.store.commit(journal)
+            self.core.book.committed()
+        out = self.core.outbox.take()
+        for ident, statuses in out.statuses.items():
+            self.sent.setdefault(ident, {}).update(statuses)
+        self.core.book.retire()
+        return Step(out, journal)
+
+    # -- looks ------------------------------------------------------------------------------------------
+
+    def job(self, job_id: str) -> JobRecord:
+        return self.core.book.jobs[job_id]
+
+    def told(self, job_id: str, ident: bytes = CLIENT) -> list[Any]:
+        """The newest status of the job sent to the client: [id, state, time, exit_code, message, metadata]."""
+        return self.sent[ident][job_id]
+
+    def state(self, job_id: str, ident: bytes = CLIENT) -> JobState:
+        """The job's state as the client was last told it."""
+        return JobState(self.told(job_id, ident)[1])
+
+
+def true(**kw: Any) -> JobDescription:
+    """A one-process /bin/true job."""
+    resources = kw.pop("resources", ResourceRequest())
+    return JobDescription(executable="/bin/true", resources=resources, **kw)
