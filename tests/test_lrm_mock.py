@@ -28,7 +28,7 @@ from structlog.testing import capture_logs
 from pilot import config as config_mod
 from pilot.config import ConfigError
 from pilot.lrm import _batch, create
-from pilot.lrm._batch import BatchExecutor, expand_hostlist, hosts_of, parse_clock
+from pilot.lrm._batch import BatchExecutor, decode_wait_status, expand_hostlist, hosts_of, parse_clock
 from pilot.lrm.base import Allocation, AllocationRequest, AllocationState
 from pilot.lrm.flux import f58_to_int, parse_flux_jobs
 from pilot.lrm.slurm import parse_squeue, slurm_time
@@ -639,6 +639,14 @@ def test_hosts_of_what_the_lrms_report() -> None:
     assert slurm["7"].state is AllocationState.ACTIVE
     flux = parse_flux_jobs("42|RUN|||fluke[0-1,5]|1795293123.4|1795293723.4|||\n", {"42"})
     assert flux["42"].hosts == ["fluke0", "fluke1", "fluke5"]
+
+
+def test_decode_wait_status() -> None:
+    """Slurm's exit_code field is the raw wait status of the batch script."""
+    assert decode_wait_status(0) == (0, None) and decode_wait_status(3 << 8) == (3, None)
+    assert decode_wait_status(15) == (None, 15) and decode_wait_status(0x80 | 11) == (None, 11)  # core dumped
+    assert decode_wait_status(0x137F) == (None, None)  # stopped: neither an exit nor a signal
+    assert decode_wait_status(0xFFFFFFFE) == (None, None)  # Slurm's NO_VAL
 
 
 def test_helpers() -> None:

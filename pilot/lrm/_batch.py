@@ -145,10 +145,13 @@ def parse_clock(text: str) -> float | None:
 
 
 def decode_wait_status(status: int) -> tuple[int | None, int | None]:
-    """(exit code, signal) from a raw wait status (Slurm's ``exit_code`` field)."""
-    if status & 0x7F:
-        return None, status & 0x7F
-    return status >> 8, None
+    """(exit code, signal) from a raw wait status (Slurm's ``exit_code`` field); (None, None) for a status
+    that is neither an exit nor a signal (a stopped process, Slurm's NO_VAL)."""
+    try:
+        code = os.waitstatus_to_exitcode(status)
+    except (ValueError, OverflowError):
+        return None, None
+    return (code, None) if code >= 0 else (None, -code)
 
 
 # -- options ------------------------------------------------------------------------------------------
