@@ -652,6 +652,8 @@ def test_decode_wait_status() -> None:
 def test_helpers() -> None:
     assert parse_clock("1:00") == 60 and parse_clock("2-01:00:00") == 2 * 86400 + 3600
     assert parse_clock("UNLIMITED") is None and parse_clock("30") == 1800
+    # After a day count Slurm's fields are hours first: D-HH, D-HH:MM
+    assert parse_clock("1-02") == 86400 + 2 * 3600 and parse_clock("0-02:30") == 2 * 3600 + 30 * 60
     assert slurm_time(60) == "00:01:00" and slurm_time(90061) == "1-01:01:01" and slurm_time(0.5) == "00:00:01"
 
 

@@ -127,17 +127,21 @@ def clock(seconds: float) -> str:
 
 
 def parse_clock(text: str) -> float | None:
-    """``[D-]HH:MM:SS``, ``HH:MM:SS``, ``MM:SS``, ``MM`` (Slurm's and PBS's forms); None when unlimited."""
+    """Slurm's and PBS's forms: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``;
+    None when unlimited."""
     t = text.strip()
     if not t or t.upper() in ("UNLIMITED", "INFINITE", "INFINITY", "NOT_SET", "N/A", "INVALID", "-"):
         return None
     days = 0
-    if "-" in t:
+    with_days = "-" in t
+    if with_days:
         d, _, t = t.partition("-")
         days = int(d)
     nums = [float(x) for x in t.split(":")]
-    if len(nums) == 1:
-        return days * 86400 + nums[0] * 60  # plain minutes
+    if with_days:
+        nums += [0.0] * (3 - len(nums))  # after a day count the hours come first
+    elif len(nums) == 1:
+        return nums[0] * 60  # plain minutes
     while len(nums) < 3:
         nums.insert(0, 0.0)
     h, m, s = nums
