@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from pilot.security import KeyStore, check_private_dir, make_private_dir
 
 INFO_FILE = "pilot.json"
@@ -125,21 +127,13 @@ class RunDir:
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """A process with this pid runs; an exited one its parent (often init, for a detached daemon) has not
+    reaped yet, a zombie, does not."""
+    if pid <= 0:
         return False
-    except PermissionError:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
         return True
-    return not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    """An exited process its parent (often init, for a detached daemon) has not reaped yet."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    end = stat.rfind(b")")  # the state follows the command name, which may itself hold ')'
-    return stat[end + 2 : end + 3] == b"Z"

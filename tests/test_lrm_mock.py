@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -22,13 +23,14 @@ from typing import Any
 import anyio
 import pytest
 from lrm_standin import standin_request
+from structlog.testing import capture_logs
 
 from pilot import config as config_mod
 from pilot.config import ConfigError
 from pilot.lrm import _batch, create
-from pilot.lrm._batch import BatchExecutor, expand_hostlist, parse_clock
+from pilot.lrm._batch import BatchExecutor, decode_wait_status, expand_hostlist, hosts_of, parse_clock
 from pilot.lrm.base import Allocation, AllocationRequest, AllocationState
-from pilot.lrm.flux import f58_to_int
+from pilot.lrm.flux import f58_to_int, parse_flux_jobs
 from pilot.lrm.slurm import parse_squeue, slurm_time
 
 HERE = Path(__file__).resolve().parent
@@ -588,13 +590,70 @@ def test_recorded_squeue_lines_map_to_states() -> None:
     assert live[ids[1]].state is AllocationState.QUEUED and live[ids[1]].reason == "PartitionConfig"
 
 
+@pytest.mark.parametrize(
+    ("text", "hosts"),
+    [
+        # Slurm's SLURM_JOB_NODELIST and squeue/sacct NodeList: zero padding kept, several groups
+        ("n[01-03,07],gpu[1-2]", ["n01", "n02", "n03", "n07", "gpu1", "gpu2"]),
+        ("node[01-03,7],gpu[1-2]a,login", ["node01", "node02", "node03", "node7", "gpu1a", "gpu2a", "login"]),
+        ("nid[001998-002001]", ["nid001998", "nid001999", "nid002000", "nid002001"]),
+        ("n[9-11]", ["n9", "n10", "n11"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("node1", ["node1"]),
+        ("node[1-2]\n", ["node1", "node2"]),
+        ("login1.cluster.example.org,cn-ib[3-4]", ["login1.cluster.example.org", "cn-ib3", "cn-ib4"]),
+        ("", []),
+        # Flux's {nodelist} (RFC 29 hostlists): a prefix, one range list, an optional suffix
+        ("cn[001-002]", ["cn001", "cn002"]),
+        ("fluke[0-3,5]", ["fluke0", "fluke1", "fluke2", "fluke3", "fluke5"]),
+        ("corona[171,173],lassen[7-8]-ib", ["corona171", "corona173", "lassen7-ib", "lassen8-ib"]),
+    ],
+)
+def test_expand_hostlist(text: str, hosts: list[str]) -> None:
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("node[1-3", "unbalanced brackets"),
+        ("node1-3]", "unbalanced brackets"),
+        ("node[3-1]", "start > stop"),
+        ("node[a-c]", "bad range"),
+        ("node[[1-2]]", "nested brackets"),
+    ],
+)
+def test_expand_hostlist_errors(text: str, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"cannot expand the host list {text!r}: {why}")):
+        expand_hostlist(text)
+
+
+def test_hosts_of_what_the_lrms_report() -> None:
+    assert hosts_of("(null)", lrm="slurm") is None and hosts_of("None assigned", lrm="slurm") is None
+    assert hosts_of("  ", lrm="flux") is None
+    with capture_logs() as logs:
+        assert hosts_of("cn[001-002", lrm="slurm") is None  # a poll carries on without the hosts
+    assert logs[0]["log_level"] == "warning" and "unbalanced brackets" in logs[0]["error"]
+    slurm = parse_squeue("7|RUNNING|None|0|n[01-02,07],gpu[1-2]|2026-11-21T20:43:04|1:00|\n", {"7"})
+    assert slurm["7"].hosts == ["n01", "n02", "n07", "gpu1", "gpu2"]
+    assert slurm["7"].state is AllocationState.ACTIVE
+    flux = parse_flux_jobs("42|RUN|||fluke[0-1,5]|1795293123.4|1795293723.4|||\n", {"42"})
+    assert flux["42"].hosts == ["fluke0", "fluke1", "fluke5"]
+
+
+def test_decode_wait_status() -> None:
+    """Slurm's exit_code field is the raw wait status of the batch script."""
+    assert decode_wait_status(0) == (0, None) and decode_wait_status(3 << 8) == (3, None)
+    assert decode_wait_status(15) == (None, 15) and decode_wait_status(0x80 | 11) == (None, 11)  # core dumped
+    assert decode_wait_status(0x137F) == (None, None)  # stopped: neither an exit nor a signal
+    assert decode_wait_status(0xFFFFFFFE) == (None, None)  # Slurm's NO_VAL
+
+
 def test_helpers() -> None:
-    assert expand_hostlist("node[01-03,7],gpu[1-2]a,login") == [
-        "node01", "node02", "node03", "node7", "gpu1a", "gpu2a", "login",
-    ]  # fmt: skip
-    assert expand_hostlist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
     assert parse_clock("1:00") == 60 and parse_clock("2-01:00:00") == 2 * 86400 + 3600
     assert parse_clock("UNLIMITED") is None and parse_clock("30") == 1800
+    # After a day count Slurm's fields are hours first: D-HH, D-HH:MM
+    assert parse_clock("1-02") == 86400 + 2 * 3600 and parse_clock("0-02:30") == 2 * 3600 + 30 * 60
     assert slurm_time(60) == "00:01:00" and slurm_time(90061) == "1-01:01:01" and slurm_time(0.5) == "00:00:01"
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import re
 import shlex
 import shutil
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Final
 
 import anyio
+import hostlist
 import structlog
 
 from pilot.config import ConfigError, parse_duration, parse_size
@@ -94,49 +94,30 @@ async def run_command(
 
 # -- parsing helpers ---------------------------------------------------------------------------------
 
-_RANGE = re.compile(r"\[([^\]]*)\]")
-
 
 def expand_hostlist(text: str) -> list[str]:
-    """Slurm/Flux host lists: ``node[01-03,7],gpu[1-2]a`` -> node01 node02 node03 node7 gpu1a gpu2a."""
-    hosts: list[str] = []
-    for item in _split_top(text.strip()):
-        if not item:
-            continue
-        parts: list[list[str]] = []
-        pos = 0
-        for m in _RANGE.finditer(item):
-            parts.append([item[pos : m.start()]])
-            choices: list[str] = []
-            for piece in m.group(1).split(","):
-                lo, _, hi = piece.partition("-")
-                if hi:
-                    width = len(lo) if lo.startswith("0") else 0
-                    choices += [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
-                else:
-                    choices.append(lo)
-            parts.append(choices)
-            pos = m.end()
-        parts.append([item[pos:]])
-        hosts += ["".join(p) for p in itertools.product(*parts)]
+    """Slurm/Flux host lists: ``node[01-03,7],gpu[1-2]a`` -> node01 node02 node03 node7 gpu1a gpu2a.
+
+    python-hostlist does the expansion (zero padding, several bracket groups in one name); this keeps
+    the order and any repeats as given, and turns its errors into a ValueError that quotes the list."""
+    try:
+        hosts: list[str] = hostlist.expand_hostlist(text.strip(), allow_duplicates=True)
+    except hostlist.BadHostlist as exc:
+        raise ValueError(f"cannot expand the host list {text.strip()!r}: {exc}") from exc
     return hosts
 
 
-def _split_top(text: str) -> list[str]:
-    """Split on commas outside brackets."""
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    out.append(cur)
-    return out
+def hosts_of(text: str, *, lrm: str) -> list[str] | None:
+    """The hosts a batch system reports for a job, None when it reports none. A list this cannot read
+    is logged and left out: the hosts only inform messages, so a poll must not fail over them."""
+    text = text.strip()
+    if not text or text in ("(null)", "None assigned"):
+        return None
+    try:
+        return expand_hostlist(text) or None
+    except ValueError as exc:
+        log.warning("host list not understood; hosts left out", lrm=lrm, error=str(exc))
+        return None
 
 
 def clock(seconds: float) -> str:
@@ -146,17 +127,21 @@ def clock(seconds: float) -> str:
 
 
 def parse_clock(text: str) -> float | None:
-    """``[D-]HH:MM:SS``, ``HH:MM:SS``, ``MM:SS``, ``MM`` (Slurm's and PBS's forms); None when unlimited."""
+    """Slurm's and PBS's forms: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``;
+    None when unlimited."""
     t = text.strip()
     if not t or t.upper() in ("UNLIMITED", "INFINITE", "INFINITY", "NOT_SET", "N/A", "INVALID", "-"):
         return None
     days = 0
-    if "-" in t:
+    with_days = "-" in t
+    if with_days:
         d, _, t = t.partition("-")
         days = int(d)
     nums = [float(x) for x in t.split(":")]
-    if len(nums) == 1:
-        return days * 86400 + nums[0] * 60  # plain minutes
+    if with_days:
+        nums += [0.0] * (3 - len(nums))  # after a day count the hours come first
+    elif len(nums) == 1:
+        return nums[0] * 60  # plain minutes
     while len(nums) < 3:
         nums.insert(0, 0.0)
     h, m, s = nums
@@ -164,10 +149,13 @@ def parse_clock(text: str) -> float | None:
 
 
 def decode_wait_status(status: int) -> tuple[int | None, int | None]:
-    """(exit code, signal) from a raw wait status (Slurm's ``exit_code`` field)."""
-    if status & 0x7F:
-        return None, status & 0x7F
-    return status >> 8, None
+    """(exit code, signal) from a raw wait status (Slurm's ``exit_code`` field); (None, None) for a status
+    that is neither an exit nor a signal (a stopped process, Slurm's NO_VAL)."""
+    try:
+        code = os.waitstatus_to_exitcode(status)
+    except (ValueError, OverflowError):
+        return None, None
+    return (code, None) if code >= 0 else (None, -code)
 
 
 # -- options ------------------------------------------------------------------------------------------

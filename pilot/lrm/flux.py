@@ -24,7 +24,7 @@ from pilot.lrm._batch import (
     Option,
     QueryError,
     Submission,
-    expand_hostlist,
+    hosts_of,
     run_command,
 )
 from pilot.lrm.base import AllocationState
@@ -147,8 +147,7 @@ def parse_flux_jobs(text: str, ids: set[str]) -> dict[str, NativeStatus]:
         state = STATES.get(word, _S.QUEUED)
         result = f[2].strip()
         st = NativeStatus(state=state, native_state=result or word, reason=f[9].strip())
-        nodes = f[4].strip()
-        st.hosts = expand_hostlist(nodes) if nodes else None
+        st.hosts = hosts_of(f[4], lrm="flux")
         t_run, expiration = _float(f[5]), _float(f[6])
         if t_run > 0:
             st.started = t_run

@@ -27,7 +27,7 @@ from pilot.lrm._batch import (
     QueryError,
     Submission,
     decode_wait_status,
-    expand_hostlist,
+    hosts_of,
     parse_clock,
     run_command,
 )
@@ -268,10 +268,10 @@ def _timestamp(text: str) -> float | None:
 def _status(native: str, reason: str, nodes: str, start: str, limit: str) -> NativeStatus:
     word = native.split()[0] if native.strip() else "UNKNOWN"
     state = STATES.get(word)
-    hosts = expand_hostlist(nodes) if nodes.strip() and nodes.strip() not in ("(null)", "None assigned") else []
+    hosts = hosts_of(nodes, lrm="slurm")
     if state is None:
         state = _S.ACTIVE if hosts else _S.QUEUED
-    st = NativeStatus(state=state, native_state=word, reason=reason.strip(), hosts=hosts or None)
+    st = NativeStatus(state=state, native_state=word, reason=reason.strip(), hosts=hosts)
     if state is not _S.QUEUED:
         st.started = _timestamp(start)
     try:
