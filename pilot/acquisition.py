@@ -10,7 +10,7 @@ import sys
 import anyio
 import structlog
 
-from pilot.allocations import AllocationBook, PilotAllocation, Site, fresh_key
+from pilot.allocations import AllocationBook, PilotAllocation, Site, fresh_name
 from pilot.config import Config
 from pilot.lrm.base import AllocationRequest
 from pilot.rundir import RunDir
@@ -42,9 +42,8 @@ class Acquisition:
         return None
 
     async def acquire(self, source: Site) -> PilotAllocation:
-        held_by_key = self.allocations.held
-        key = fresh_key(held_by_key)
-        workdir = self.rundir.agents_dir if key == "a1" else self.rundir.agents_dir / key
+        name = fresh_name(self.allocations.held)
+        workdir = self.rundir.agents_dir if name == "a1" else self.rundir.agents_dir / name
         await anyio.to_thread.run_sync(lambda: workdir.mkdir(mode=0o700, parents=True, exist_ok=True))
         env = {
             "PILOT_AGENT_URL": self.agent_url,
@@ -52,7 +51,7 @@ class Acquisition:
             "PILOT_AGENT_LOG_LEVEL": self.config.pilot.log_level,
             **self.agent_env,
         }
-        suffix = "" if key == "a1" else f"@{key}"
+        suffix = "" if name == "a1" else f"@{name}"
         if suffix:
             env["PILOT_AGENT_NODE_SUFFIX"] = suffix
         request = AllocationRequest(
@@ -64,10 +63,10 @@ class Acquisition:
             node_suffix=suffix,
         )
         allocation = await source.lrm.submit(request)
-        held = held_by_key[key] = PilotAllocation(key, source, allocation)
+        held = self.allocations.held[name] = PilotAllocation(name, source, allocation)
         log.info(
             "allocation requested",
-            key=key,
+            allocation=name,
             site=source.name,
             native_id=allocation.native_id,
             nodes=allocation.nodes,
@@ -96,10 +95,12 @@ class Acquisition:
         try:
             await held.site.lrm.cancel(held.allocation)
         except Exception as exc:
-            log.error("cannot release the allocation", allocation=held.key, error=str(exc))
+            log.error("cannot release the allocation", allocation=held.name, error=str(exc))
 
     async def node_lost(self, held: PilotAllocation, node: str) -> None:
         try:
             await held.site.lrm.node_lost(held.allocation, node)
         except Exception as exc:  # the batch system's command failed: the node is gone for us all the same
-            log.error("cannot report the lost node to the batch system", allocation=held.key, node=node, error=str(exc))
+            log.error(
+                "cannot report the lost node to the batch system", allocation=held.name, node=node, error=str(exc)
+            )

@@ -39,7 +39,8 @@ class Site:
 class PilotAllocation:
     """One allocation held by the daemon: ``a1``, ``a2``, ... in the order they were requested."""
 
-    key: str
+    #: ``a1``, ``a2``, ...: its nodes are named ``node@a2`` (none for the first).
+    name: str
     site: Site
     allocation: Allocation
     #: Names of the nodes whose agents registered for it.
@@ -61,7 +62,7 @@ class PilotAllocation:
     def suffix(self) -> str:
         """Added to its nodes' names: none for the first, so a single-allocation pilot names nodes as
         its batch system does."""
-        return "" if self.key == "a1" else f"@{self.key}"
+        return "" if self.name == "a1" else f"@{self.name}"
 
     @property
     def ready(self) -> bool:
@@ -97,7 +98,7 @@ class PilotAllocation:
 
     def to_status(self, *, registered: int) -> dict[str, Any]:
         st = self.allocation.to_status()
-        st["name"] = self.key  # not "key": status redaction masks anything called a key
+        st["name"] = self.name
         st["site"] = self.site.name
         st["registered"] = registered
         if st["state"] == "active" and registered < self.allocation.nodes and not self.missing_agents and not self.over:
@@ -112,13 +113,13 @@ class PilotAllocation:
         return st
 
 
-def node_allocation_key(name: str) -> str:
+def allocation_of_node(name: str) -> str:
     """The allocation a node name belongs to: ``node1@a2`` to ``a2``, a plain name to the first."""
-    _, at, key = name.rpartition("@")
-    return key if at else "a1"
+    _, at, allocation = name.rpartition("@")
+    return allocation if at else "a1"
 
 
-def fresh_key(held: dict[str, PilotAllocation]) -> str:
+def fresh_name(held: dict[str, PilotAllocation]) -> str:
     return f"a{max((int(k[1:]) for k in held), default=0) + 1}"
 
 
@@ -149,7 +150,7 @@ class AllocationBook:
         self.stopping = False
 
     def of_node(self, name: str) -> PilotAllocation | None:
-        return self.held.get(node_allocation_key(name))
+        return self.held.get(allocation_of_node(name))
 
     def can_grow(self) -> bool:
         """Auto-allocation may still bring another allocation."""
@@ -256,7 +257,7 @@ class AllocationBook:
     def coming(self) -> list[str]:
         """What may still add room: allocations on their way, auto-allocation's state."""
         notes = [
-            f"allocation {h.key} (site {h.site.name}) is {h.allocation.state.value}: its nodes may take it"
+            f"allocation {h.name} (site {h.site.name}) is {h.allocation.state.value}: its nodes may take it"
             for h in self.held.values()
             if h.alive and not h.ready
         ]

@@ -187,7 +187,7 @@ class Daemon:
         """Rebuild from the journal of a daemon that died; the agents keep running and register again
         (their unacknowledged events with them); the allocations are re-attached, not requested again."""
         sites = {s.name: s for s in self.allocations.sites}
-        for key, site_name, allocation in recovered.allocations:
+        for name, site_name, allocation in recovered.allocations:
             source = sites.get(site_name)
             if source is None or allocation.lrm != source.lrm.kind:
                 says = f"says lrm = {source.lrm.kind!r} for it" if source is not None else "has no such site"
@@ -195,7 +195,7 @@ class Daemon:
                     f"the journal in {self.rundir.path} holds a {allocation.lrm!r} allocation of site {site_name!r} "
                     f"but this configuration {says}; start the pilot with the configuration it was started with"
                 )
-            self.allocations.held[key] = PilotAllocation(key, source, allocation, over=allocation.state.final)
+            self.allocations.held[name] = PilotAllocation(name, source, allocation, over=allocation.state.final)
         self.resumed = True
         self.allocations.restore_failures(recovered.meta.get(self.allocations.META))
         url = recovered.meta.get("agent_url")
@@ -364,12 +364,12 @@ class Daemon:
         client or agent has been told is in the journal. A journal that cannot be written stops the
         daemon (nothing unjournaled is acknowledged; a restart resumes from the last commit)."""
         tx = self.core.outbox.take_journal()
-        for key, held in self.allocations.held.items():
+        for name, held in self.allocations.held.items():
             a = held.allocation
             seen = (a.state, a.started, a.message, a.nodes, len(a.hosts), len(a.expected_nodes))
-            if seen != self._alloc_seen.get(key):
-                self._alloc_seen[key] = seen
-                tx.allocation(a, key=key, site=held.site.name)
+            if seen != self._alloc_seen.get(name):
+                self._alloc_seen[name] = seen
+                tx.allocation(a, key=name, site=held.site.name)
         if self.store is None:
             return
         store = self.store
@@ -485,7 +485,7 @@ class Daemon:
     async def _grow(self, source: Site) -> None:
         try:
             held = await self.acquisition.acquire(source)
-            log.info("auto-allocation: another allocation requested", allocation=held.key, site=source.name)
+            log.info("auto-allocation: another allocation requested", allocation=held.name, site=source.name)
         except Exception as exc:  # the batch system's command failed: counted like a refusal
             log.error("auto-allocation: request failed", site=source.name, error=str(exc))
             self._clock()

@@ -49,7 +49,7 @@ class ClientDelivery:
     def flush(self, replies: list[tuple[bytes, dict[str, Any]]], statuses: dict[bytes, dict[str, list[Any]]]) -> None:
         if replies or self._replies:
             self._send_replies(replies)
-        held_since = self._merge_held(statuses) if self._statuses else {}
+        waiting_since = self._merge_waiting(statuses) if self._statuses else {}
         for ident, evs in statuses.items():
             if ident in self._replies:
                 sent: bool | None = False  # behind its replies: a job's statuses never overtake its SUBMIT reply
@@ -58,7 +58,7 @@ class ClientDelivery:
             if sent is False:
                 # The client is not reading fast enough: keep its statuses, one per job (the newest), and
                 # send them with the next flush -- coalesced, never lost, never more than one per job.
-                self._statuses[ident] = (held_since.get(ident, time.monotonic()), evs)
+                self._statuses[ident] = (waiting_since.get(ident, time.monotonic()), evs)
 
     def _send_replies(self, replies: list[tuple[bytes, dict[str, Any]]]) -> None:
         held = self._replies
@@ -84,7 +84,7 @@ class ClientDelivery:
             elif send(self.sock, [ident, frame]) is False:
                 held[ident] = deque([(now, frame)])
 
-    def _merge_held(self, statuses: dict[bytes, dict[str, Any]]) -> dict[bytes, float]:
+    def _merge_waiting(self, statuses: dict[bytes, dict[str, Any]]) -> dict[bytes, float]:
         """Put the statuses held for slow clients back in front of this flush's (a newer status of the
         same job wins); returns since when each client's were held. Held too long: dropped."""
         held, self._statuses = self._statuses, {}

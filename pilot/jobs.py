@@ -37,7 +37,7 @@ class Attempt:
     #: Re-runs after losing a node (restartable jobs); a withdrawal keeps the number (nothing ran).
     number: int = 0
     ranks: list[RankPlacement] = field(default_factory=list)
-    held: list[bool] = field(default_factory=list)  # per rank: slots still taken
+    taken: list[bool] = field(default_factory=list)  # per rank: its slots are still taken
     processes: dict[int, PlannedProcess] = field(default_factory=dict)  # slot -> plan, while outstanding
     results: dict[int, ProcessResult] = field(default_factory=dict)
     environment: dict[str, str] | None = None  # what pre_launch set

@@ -590,7 +590,7 @@ class Store:
                 node, ProcessOrder.from_wire(_unpack(order)), list(_unpack(holds))
             )
         for job in jobs.values():
-            job.run.held = _held(job)
+            job.run.taken = _taken(job)
         out.jobs = list(jobs.values())
         row = db.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
         out.next_seq = max(max_seq, int(row[0]) if row else 0) + 1
@@ -715,7 +715,7 @@ def _pack_ranks(ranks: Sequence[RankPlacement]) -> bytes:
     return _pack([[r.node, r.cores, r.gpus, r.memory, r.behind] for r in ranks])
 
 
-def _held(job: JobRecord) -> list[bool]:
+def _taken(job: JobRecord) -> list[bool]:
     """Which ranks still hold their slots: none once the job is done; all while pre_launch runs (the
     daemon takes them at start and frees them at the end); else those an outstanding process holds."""
     run = job.run

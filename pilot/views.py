@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pilot.allocations import node_allocation_key
+from pilot.allocations import allocation_of_node
 from pilot.core.jobs import History
 from pilot.core.lifecycle import RECLAIM_AFTER
 from pilot.core.phase import Phase
@@ -202,7 +202,7 @@ def status(core: Core, *, pilot: dict[str, Any]) -> dict[str, Any]:
         nodes.append(
             {
                 "name": name,
-                "allocation": node_allocation_key(name),
+                "allocation": allocation_of_node(name),
                 "hostname": slots.hostname,
                 "agent": agent.state if agent.confirmed else "reconnecting",  # recovered, not back yet
                 "cores": len(slots.cores),
@@ -224,7 +224,7 @@ def status(core: Core, *, pilot: dict[str, Any]) -> dict[str, Any]:
                 nodes.append(
                     {
                         "name": n.name,
-                        "allocation": h.key,
+                        "allocation": h.name,
                         "hostname": n.hostname,
                         "agent": "starting",
                         "cores": len(n.processors),

@@ -54,7 +54,7 @@ def _job(jid: str, description: JobDescription, submitted: float, **fields: Any)
     return job
 
 
-_ATTEMPT_FIELDS = {"ranks", "held", "processes", "results", "environment", "unset", "started", "ended"}
+_ATTEMPT_FIELDS = {"ranks", "taken", "processes", "results", "environment", "unset", "started", "ended"}
 
 
 def _order(job_id: str, slot: int) -> ProcessOrder:
@@ -127,12 +127,12 @@ def test_round_trip_every_record_kind(tmp_path: Path) -> None:
         and j1.run.processes[1].node == "n0"
     )
     assert j1.run.results[0].exit_code == 0 and j1.run.results[0].data == {"max_rss": 5, "user_cpu_time": 0.5}
-    assert j1.run.held == [False, True]
-    assert j2.description == _desc(2) and j2.phase is Phase.PRE_LAUNCH and j2.run.held == [True]
+    assert j1.run.taken == [False, True]
+    assert j2.description == _desc(2) and j2.phase is Phase.PRE_LAUNCH and j2.run.taken == [True]
     assert j2.run.environment == {"B": "2"} and j2.run.unset == ["C"]
     assert list(j2.run.processes) == [PRE]
     assert j3.state is JobState.FAILED and j3.exit_code == 1 and j3.message == "boom" and j3.metadata == meta
-    assert j3.closing and j3.run.ended == 2.5 and j3.run.results[0].reason == "walltime" and j3.run.held == []
+    assert j3.closing and j3.run.ended == 2.5 and j3.run.results[0].reason == "walltime" and j3.run.taken == []
     a = rec.allocation
     assert a is not None
     assert (a.lrm, a.native_id, a.state, a.started, a.walltime, a.hosts) == (
@@ -346,7 +346,7 @@ def test_job_accepted_and_changed_in_one_batch(tmp_path: Path) -> None:
         2.0,
         ranks,
     )
-    assert list(j1.run.processes) == [0] and j1.run.held == [True]
+    assert list(j1.run.processes) == [0] and j1.run.taken == [True]
     assert (j2.phase, j2.run.number, j2.run.ranks, j2.run.processes) == (Phase.QUEUED, 1, [], {})
     assert (j3.state, j3.exit_code, j3.metadata, j3.description) == (JobState.COMPLETED, 0, meta, _desc(3))
     assert rec.next_seq == 4

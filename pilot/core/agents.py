@@ -56,7 +56,7 @@ class Agents(Part):
             raise wire.ProtocolError(f"agent {name!r} is not a node of an allocation this pilot holds")
         expected = owner.allocation.expected_nodes
         if expected and name not in {n.name for n in expected}:
-            raise wire.ProtocolError(f"agent {name!r} is not a node of allocation {owner.key}")
+            raise wire.ProtocolError(f"agent {name!r} is not a node of allocation {owner.name}")
         running = wire.field(body, "running", list)
         events = wire.opt_field(body, "events", list, [])
         seq = wire.opt_field(body, "seq", int, 0)
@@ -150,7 +150,7 @@ class Agents(Part):
             log.info("agent stopped", node=agent.name)
         held = self.allocations.of_node(agent.name)
         if state == "lost" and held is not None and not self.allocations.stopping:
-            self.outbox.effects.append(NodeLost(held.key, agent.name))
+            self.outbox.effects.append(NodeLost(held.name, agent.name))
         for job_id, slot in sorted(agent.processes):
             job = self.book.jobs.get(job_id.partition("~")[0])
             plan = job.run.processes.get(slot) if job else None

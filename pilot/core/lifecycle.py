@@ -41,7 +41,7 @@ class Lifecycle(Part):
         d = job.description
         run = job.run
         run.ranks = ranks
-        run.held = [True] * len(ranks)
+        run.taken = [True] * len(ranks)
         self.book.changed(job, placed=True)
         plans = self.planner.ranks(job, environment=None)
         if d.pre_launch or self.planner.shares_output(job, plans):

@@ -47,7 +47,7 @@ class AgentRecord:
 
 
 @dataclass(slots=True)
-class Group:
+class AllocationSlots:
     """One allocation as a scheduling pass sees it (a job runs inside one allocation)."""
 
     held: PilotAllocation
@@ -134,7 +134,7 @@ class NodeBook:
         placement = job.sss.placement if job.sss is not None else None
         for i, rank in enumerate(run.ranks):
             slots = self.slots.get(rank.node)
-            if slots is not None and i < len(run.held) and run.held[i]:
+            if slots is not None and i < len(run.taken) and run.taken[i]:
                 slots.take_exact(rank)
                 if placement is not None and rank.node in self.resources.ledgers:
                     pool = self.resources.global_ledger.capacity
@@ -145,9 +145,9 @@ class NodeBook:
 
     def release_rank(self, job: JobRecord, i: int) -> None:
         run = job.run
-        if not (i < len(run.held) and run.held[i]):
+        if not (i < len(run.taken) and run.taken[i]):
             return
-        run.held[i] = False
+        run.taken[i] = False
         rank = run.ranks[i]
         node = self.slots.get(rank.node)
         placement = job.sss.placement if job.sss is not None else None
@@ -159,7 +159,7 @@ class NodeBook:
         if node is not None:
             node.give_back(rank)
             if node.exclusive_job == job.id and not any(
-                h and r.node == rank.node for h, r in zip(run.held, run.ranks, strict=True)
+                h and r.node == rank.node for h, r in zip(run.taken, run.ranks, strict=True)
             ):
                 node.exclusive_job = None
 
@@ -177,19 +177,19 @@ class NodeBook:
 
     # -- where jobs may go ----------------------------------------------------------------------------
 
-    def groups(self) -> list[Group]:
+    def groups(self) -> list[AllocationSlots]:
         """Where a scheduling pass may place: each usable allocation with its usable nodes (a job runs
         inside one allocation). One allocation: everything, as a single-allocation pilot always did."""
         held = self.allocations.held
         usable = [h for h in held.values() if h.usable]
         if len(usable) == 1 and len(held) == 1:
-            return [Group(usable[0], [n for n in self.slots.values() if n.usable], self.resources)]
+            return [AllocationSlots(usable[0], [n for n in self.slots.values() if n.usable], self.resources)]
         out = []
         for h in usable:
             slots = {n: s for n, s in self.slots.items() if n in h.nodes and s.usable}  # registration order
             if slots:
                 res = Resources(slots, self.resources.ledgers, self.resources.global_ledger)
-                out.append(Group(h, list(slots.values()), res))
+                out.append(AllocationSlots(h, list(slots.values()), res))
         return out
 
     def never_fits(self, description: JobDescription) -> str | None:

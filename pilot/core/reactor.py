@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 
 from pilot import wire
-from pilot.allocations import AllocationBook, PilotAllocation, Site, node_allocation_key
+from pilot.allocations import AllocationBook, PilotAllocation, Site, allocation_of_node
 from pilot.config import Config
 from pilot.core.admission import Admission
 from pilot.core.agents import Agents
@@ -120,11 +120,11 @@ class Core:
         allocation = held.allocation
         message = f"the allocation ({allocation.lrm} job {allocation.native_id}) ended: {allocation.message}"
         if held.released:
-            log.info("allocation released", allocation=held.key, native_id=allocation.native_id)
+            log.info("allocation released", allocation=held.name, native_id=allocation.native_id)
         else:
             log.error(
                 "allocation ended",
-                allocation=held.key,
+                allocation=held.name,
                 native_id=allocation.native_id,
                 state=allocation.state.value,
                 message=allocation.message,
@@ -145,7 +145,9 @@ class Core:
         are told to stop, then it is cancelled."""
         held.released = True
         self.nodes.invalidate()
-        log.info("auto-allocation: releasing an idle allocation", allocation=held.key, native=held.allocation.native_id)
+        log.info(
+            "auto-allocation: releasing an idle allocation", allocation=held.name, native=held.allocation.native_id
+        )
         self.stop_agents("allocation released: idle", only=held.nodes)
         self.cancel_allocation(held)
 
@@ -153,7 +155,7 @@ class Core:
         if held.cancelling or held.allocation.state.final:
             return
         held.cancelling = True
-        self.outbox.effects.append(CancelAllocation(held.key))
+        self.outbox.effects.append(CancelAllocation(held.name))
 
     def fail_stranded(self, message: str) -> None:
         """Queued jobs fail when no allocation is left and none can come: never a hang."""
@@ -179,7 +181,7 @@ class Core:
                 f"{a.nodes - registered} of {a.nodes} agents did not register within {timeout:g} s "
                 f"(pilot.agent_start_timeout); their logs are in {self.agent_logs}"
             )
-            log.error("agents missing", allocation=held.key, message=held.missing_agents)
+            log.error("agents missing", allocation=held.name, message=held.missing_agents)
             if registered == 0:
                 a.message = held.missing_agents
                 self.on_allocation_ended(held)
@@ -192,7 +194,7 @@ class Core:
         self.nodes.invalidate()
         log.warning(
             "allocation walltime nearly over; stopping running tasks",
-            allocation=held.key,
+            allocation=held.name,
             end=held.end(),
             margin=self.config.pilot.walltime_margin,
         )
@@ -253,7 +255,7 @@ class Core:
             agent = self.agents.register(node)
             agent.confirmed = False
             self.nodes.slots[node.name].usable = False  # until its agent is back
-            known = self.allocations.held.get(node_allocation_key(node.name))
+            known = self.allocations.held.get(allocation_of_node(node.name))
             if known is None or known.over:
                 self.agents.gone(agent, f"node {node.name}'s allocation ended before the restart")
         self.book.seq = next_seq - 1

@@ -48,9 +48,9 @@ class Scheduler(Part):
                 ranks: list[RankPlacement] | None = None
                 if job.sss is not None:
                     for g in eligible:
-                        sss_pass = sss_passes.get(g.held.key)
+                        sss_pass = sss_passes.get(g.held.name)
                         if sss_pass is None:
-                            sss_pass = sss_passes[g.held.key] = SchedulingPass(self.nodes.matcher, g.resources)
+                            sss_pass = sss_passes[g.held.name] = SchedulingPass(self.nodes.matcher, g.resources)
                         if (placement := sss_pass.place(job.id, job.sss.request)) is not None:
                             job.sss.placement = placement
                             ranks = [RankPlacement(t.node, t.cores, t.gpus, t.memory) for t in placement.tasks]
