@@ -96,6 +96,10 @@ class CoreEnv:
             ids.append(r["id"])
         return ids
 
+    def heartbeat(self, *nodes: str) -> None:
+        for node in nodes:
+            self.core.on_agent(node, wire.Message(wire.Kind.HEARTBEAT, {}))
+
     def events(self, node: str, *events: list[Any]) -> None:
         self.core.on_agent(node, wire.Message(wire.Kind.TASK_EVENTS, {"events": list(events), "seq": 0}))
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from core_env import CLIENT, CoreEnv, true
 
-from pilot import wire
 from pilot.core.phase import MOVES, IllegalMove, Phase
 from pilot.model.job_description import ResourceRequest
 from pilot.model.job_state import JobState
@@ -158,7 +157,7 @@ def test_restartable_job_runs_again_after_its_node_is_lost() -> None:
     env.step()
     env.advance(6.0)  # past agent_timeout for the silent node; the other one heartbeats
     other = "n1" if node == "n0" else "n0"
-    env.core.on_agent(other, wire.Message(wire.Kind.HEARTBEAT, {}))
+    env.heartbeat(other)
     env.core.on_tick()
     step = env.step()
     (order,) = step.orders(other)
