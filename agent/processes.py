@@ -7,7 +7,9 @@ that every step takes once: the running processes by pid and by key, the orders 
 waiting for their cores, the cores' users, and the events not drained yet with the state of their hold.
 One lock, not one per part, because each step changes several parts together (an exit frees its cores,
 hands the orders that waited on them to their spawners and queues its event), and :meth:`snapshot`
-must see them all at one instant.
+must see them all at one instant. The spawner and reaper call this class's underscored methods and read
+its table under its lock directly: they are parts of the engine split out by thread, not clients of it
+(an accessor per read would cost on every task).
 
 Events go to the loop through a list and one ``notify`` (a self-pipe): a burst of exits costs one
 wake-up, and most starts none (see :meth:`ProcessEngine.drain` and ``_report``).
