@@ -25,8 +25,9 @@ import structlog
 import zmq
 
 from agent import probe
-from agent.processes import Key, ProcessEngine
+from agent.processes import ProcessEngine
 from agent.simulated import NullEngine
+from agent.table import Key
 from pilot import wire
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder

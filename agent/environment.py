@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Final
 
 _BRACE: Final = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -62,6 +63,26 @@ def changes(before: Mapping[str, str], after: Mapping[str, str]) -> tuple[dict[s
     setv = {k: v for k, v in after.items() if before.get(k) != v and k not in _SHELL_OWN}
     unset = [k for k in before if k not in after and k not in _SHELL_OWN]
     return setv, unset
+
+
+def take_file(path: str) -> dict[str, str] | None:
+    """The environment ``env -0`` wrote to ``path`` (a pre process's, after its script), and the file
+    removed; None if it cannot be read."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError:
+        return None
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        if b"=" in item:
+            k, _, v = item.partition(b"=")
+            env[k.decode(errors="replace")] = v.decode(errors="replace")
+    return env
 
 
 def gpu_environment(gpus: list[int], *, node_has_gpus: bool) -> dict[str, str]:

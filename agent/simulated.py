@@ -19,7 +19,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from agent.processes import Event, Key, take_waiting
+from agent.table import Event, Key, take_waiting
 from pilot.model.process_order import ProcessOrder
 
 

@@ -16,7 +16,8 @@ import psutil
 import pytest
 from pilot_waits import wait_for
 
-from agent.processes import Event, ProcessEngine
+from agent.processes import ProcessEngine
+from agent.table import Event
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
 

@@ -1,0 +1,429 @@
+"""Spawner threads: orders become processes off the event loop.
+
+``posix_spawn`` without a shell, new session so the whole tree can be signalled, pinned by the spawning
+thread's own affinity, which the child inherits: one spawner per real cpu that one-cpu orders use,
+pinned to it once and for all, and one general spawner that sets its affinity around each order that
+spans several cpus. With pidfds, a pinned spawner whose cpu is one declared core waits for its task
+itself, and starts the order that waited for that core right after, on the same thread: no hand-over to
+another thread and its wake-up between one task's exit and the next one's start (that hand-over left the
+core idle ~10 % of the time with short tasks).
+
+Who owns what: each thread owns its :class:`_Spawner` (its cwd, its resolved directories, the child it
+waits for) and touches it without a lock. :class:`Spawners` owns what every spawner reads and nobody
+changes after the engine starts (the node, the base environment, /dev/null, the cpus), the node files
+(under a lock of their own: several spawners write them) and the queues. The pinned threads and their
+queues are created under the engine's lock (:meth:`Spawners.hand`, called from its ``_accept``). What a
+started process becomes in the table, and every event, is the engine's: a spawner hands both over
+through ``_taken``, ``_started``, ``_never_started`` and ``_emit``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import SimpleQueue
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+
+from agent import environment
+from agent.table import Event, Running
+from pilot.model.node import NodeConfigured
+from pilot.model.process_order import ProcessOrder
+
+if TYPE_CHECKING:
+    from agent.processes import ProcessEngine
+
+log = structlog.get_logger("agent.processes")
+
+#: Sourced by the pre process: the script's exports are captured NUL-separated for the ranks.
+_PRE_SCRIPT: Final = 'if [ -n "$1" ]; then . "$1" || exit $?; fi\nexec env -0 > "$2"'
+_POST_SCRIPT: Final = '. "$1"'
+
+_SEAL_INTERVAL: Final = 1.0  # seconds between checks that no stray fd would leak into tasks
+_DEFAULT_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ)  # ignored by Python, default for tasks (as Popen)
+_CLONE_FS: Final = 0x00000200
+_DIRS_KEPT: Final = 256  # order directories whose resolved cwd a spawner keeps
+#: The streams of a task that names none: /dev/null for all three (one file-actions list for them all).
+_NO_STREAMS: Final = (subprocess.DEVNULL, subprocess.DEVNULL, subprocess.DEVNULL)
+_MAX_PINNED: Final = 1024  # pinned spawner threads at most (one per real cpu used by one-cpu orders)
+
+_MODES: Final = {
+    "rb": os.O_RDONLY,
+    "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+}
+
+
+class _OpenError(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class _Spawner:
+    """One spawner thread's own state."""
+
+    pinned: bool  # the thread runs on exactly the cpus of the orders it gets
+    own_cwd: bool  # the thread has its own cwd (unshare CLONE_FS): tasks start by posix_spawn
+    reaps: bool = False  # the thread waits for what it started itself (one declared core on its cpu)
+    child: int | None = None  # what it started and waits for next
+    cwd: str | None = None  # the thread's cwd, once it changed it
+    dirs: dict[str, str] = field(default_factory=dict)  # an order's directory -> the task's cwd
+
+
+class Spawners:
+    def __init__(
+        self,
+        *,
+        engine: ProcessEngine,
+        node: NodeConfigured,
+        workdir: Path,
+        cpu_map: dict[int, int],
+        own_reaping: bool,
+    ) -> None:
+        self._engine = engine
+        self._node = node
+        self._cpu_map = cpu_map
+        self._workdir = workdir
+        self._orders: SimpleQueue[ProcessOrder | None] = SimpleQueue()  # the general spawner's
+        #: One spawner per real cpu that one-cpu orders ran on, pinned to it once: setting the spawning
+        #: thread's affinity per order migrates it first (~150 us, the GIL held), for every task.
+        self._pinned: dict[int, tuple[SimpleQueue[ProcessOrder | None], threading.Thread]] = {}
+        self._nodefiles: dict[tuple[str, ...], str] = {}
+        self._nodefiles_lock = threading.Lock()
+        self._all_cpus = sorted(os.sched_getaffinity(0))
+        self._cwd = os.getcwd()  # the agent's; spawner threads each have their own (see _own_cwd)
+        self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        self._null_actions = [(os.POSIX_SPAWN_DUP2, self.devnull, i) for i in range(3)]  # (_NO_STREAMS)
+        #: Real cpus that one declared core alone maps to: their pinned spawner runs one task at a time
+        #: and waits for it itself, so the next one starts on the same thread (see _loop). Only with
+        #: ``own_reaping`` (pidfds: no thread waits for any child but its own).
+        shared = Counter(self._cpu_map.get(c, c) for c in node.processors)
+        self._own_reaping = {cpu for cpu, n in shared.items() if n == 1} if own_reaping else set()
+        self._fds_sealed = 0.0  # monotonic time of the last _seal_fds
+        _seal_fds()
+        self._base_env = environment.inherited()
+        self.thread = threading.Thread(target=self._loop, name="pilot-spawner", daemon=True)
+
+    def hand(self, order: ProcessOrder, *, stopping: bool) -> None:
+        """Put an order on its spawner's queue (the engine's lock held): the pinned spawner of its one
+        real cpu, started on first use, or the general one."""
+        cores = order.cores
+        if len(cores) == 1:
+            cpu: int | None = self._cpu_map.get(cores[0], cores[0])
+        else:
+            cpus = {self._cpu_map.get(c, c) for c in cores}
+            cpu = cpus.pop() if len(cpus) == 1 else None
+        if cpu is not None and not stopping:
+            pinned = self._pinned.get(cpu)
+            if pinned is None and len(self._pinned) < _MAX_PINNED and cpu in self._all_cpus:
+                queue: SimpleQueue[ProcessOrder | None] = SimpleQueue()
+                thread = threading.Thread(
+                    target=self._loop, args=(queue, cpu), name=f"pilot-spawner-{cpu}", daemon=True
+                )
+                pinned = self._pinned[cpu] = (queue, thread)
+                thread.start()
+            if pinned is not None:
+                pinned[0].put(order)
+                return
+        self._orders.put(order)
+
+    def pinned(self) -> list[tuple[SimpleQueue[ProcessOrder | None], threading.Thread]]:
+        """The pinned spawners (the engine's lock held)."""
+        return list(self._pinned.values())
+
+    def stop(self, pinned: list[tuple[SimpleQueue[ProcessOrder | None], threading.Thread]]) -> None:
+        """Have every spawner end once it has taken the orders queued before."""
+        self._orders.put(None)
+        for queue, _ in pinned:
+            queue.put(None)
+
+    def close(self) -> None:
+        """Once no spawner runs."""
+        os.close(self.devnull)
+
+    # -- spawner threads ------------------------------------------------------------------------
+
+    def _loop(self, queue: SimpleQueue[ProcessOrder | None] | None = None, cpu: int | None = None) -> None:
+        """Spawn the orders of ``queue`` (default: the general one) in order. With ``cpu``, this thread
+        runs on that cpu alone, so what it spawns inherits that pinning without a syscall per order."""
+        if queue is None:
+            queue = self._orders
+        if cpu is not None:
+            try:
+                os.sched_setaffinity(0, {cpu})
+            except OSError as exc:
+                log.warning("cannot pin a spawner thread; pinning per order", cpu=cpu, error=str(exc))
+                cpu = None
+        engine = self._engine
+        spawner = _Spawner(pinned=cpu is not None, own_cwd=_own_cwd(), reaps=cpu in self._own_reaping)
+        while True:
+            order = queue.get()
+            if order is None:
+                return
+            spawned = False
+            try:
+                spawned = self._spawn(order, spawner)
+            except Exception as exc:  # never let one order kill the spawner
+                log.exception("spawn crashed", job=order.job_id, slot=order.slot)
+                engine._emit(Event(order.job_id, order.slot, "failed", time.time(), {"message": f"agent error: {exc}"}))
+            finally:
+                if not spawned:
+                    engine._never_started(order)
+            child, spawner.child = spawner.child, None
+            if child is not None:
+                # This cpu's task: wait for it here, and the order that waits for its core starts on this
+                # thread right after, with no hand-over to another thread (and its wake-up) between.
+                engine._reaper.reap(child)
+
+    def _spawn(self, order: ProcessOrder, spawner: _Spawner) -> bool:
+        """Start one order from a spawner thread; True when a process now runs for it."""
+        key = (order.job_id, order.slot)
+        if not self._engine._taken(key):
+            return False
+        cwd = spawner.dirs.get(order.directory)
+        if cwd is None:
+            directory = order.directory
+            cwd = os.path.join(self._cwd, os.path.expanduser(directory)) if directory else self._cwd
+            if len(spawner.dirs) < _DIRS_KEPT:
+                spawner.dirs[directory] = cwd
+        env = self._environment(order)
+        env_file = None
+        if order.role == "rank":
+            argv = [environment.substitute(order.executable, env)]
+            if order.arguments:
+                argv += [environment.substitute(a, env) for a in order.arguments]
+        else:
+            script = os.path.join(cwd, os.path.expanduser(order.script)) if order.script else ""
+            if order.role == "pre":
+                env_file = str(self._workdir / f"pre-{order.job_id}.env")
+                argv = ["/bin/sh", "-c", _PRE_SCRIPT, "pilot-pre", script, env_file]
+            else:
+                argv = ["/bin/sh", "-c", _POST_SCRIPT, "pilot-post", script]
+        files: list[int] = []
+        try:
+            if order.stdin_path is None and order.stdout_path is None and order.stderr_path is None:
+                streams = _NO_STREAMS
+            else:
+                streams = self._streams(order, cwd, files)
+            pin = not spawner.pinned and bool(order.cores)
+            if pin:
+                os.sched_setaffinity(0, {self._cpu_map.get(c, c) for c in order.cores})
+            try:
+                t0, m0 = time.time(), time.monotonic()
+                popen = None
+                if spawner.own_cwd and not order.rlimits:
+                    pid = self._posix_spawn(spawner, argv, cwd, env, streams)
+                else:
+                    popen = subprocess.Popen(
+                        argv,
+                        cwd=cwd,
+                        env=env,
+                        stdin=streams[0],
+                        stdout=streams[1],
+                        stderr=streams[2],
+                        close_fds=True,
+                        start_new_session=True,
+                        preexec_fn=_limits(order.rlimits) if order.rlimits else None,
+                    )
+                    pid = popen.pid
+            finally:
+                if pin:
+                    os.sched_setaffinity(0, self._all_cpus)
+        except _OpenError as exc:
+            self._engine._emit(Event(order.job_id, order.slot, "failed", time.time(), {"message": str(exc)}))
+            return False
+        except subprocess.SubprocessError as exc:  # a limit the kernel refused in the child
+            message = f"setting the ResourceLimits {order.rlimits} failed: {exc}"
+            self._engine._emit(Event(order.job_id, order.slot, "failed", time.time(), {"message": message}))
+            return False
+        except OSError as exc:
+            self._engine._emit(
+                Event(order.job_id, order.slot, "failed", time.time(), {"message": self._explain(exc, argv, cwd, env)})
+            )
+            return False
+        finally:
+            for fd in set(files):
+                os.close(fd)
+        started = Event(order.job_id, order.slot, "started", t0, {"pid": pid})
+        run = Running(order, pid, popen, t0, m0, env_file, env if env_file is not None else None, start_event=started)
+        if self._engine._started(key, run, started, reaps=spawner.reaps and popen is None):
+            spawner.child = pid
+        return True
+
+    def _environment(self, order: ProcessOrder) -> dict[str, str]:
+        """The task's environment: :func:`environment.build` with the rank's variables last, then the
+        node's over them (built in place: no second map of "extra" variables to copy in)."""
+        env = environment.build(
+            inherit=order.inherit_environment,
+            base=self._base_env,
+            job=order.environment,
+            pre=order.pre_environment,
+            pre_unset=order.pre_unset,
+            extra=order.rank_environment,
+        )
+        return self._add_node_variables(env, order)
+
+    def _add_node_variables(self, env: dict[str, str], order: ProcessOrder) -> dict[str, str]:
+        """Set what the node tells its tasks, over the job's own variables: the node that really started
+        it (SSS Task <Node>), the node file, the GPUs."""
+        env["PILOT_NODE"] = self._node.name
+        if order.nodefile_hosts is not None:
+            env["PSIJ_NODEFILE"] = self._nodefile(order.nodefile_hosts)
+        if order.gpus or self._node.gpus:
+            env.update(environment.gpu_environment(order.gpus, node_has_gpus=bool(self._node.gpus)))
+        return env
+
+    def _streams(self, order: ProcessOrder, cwd: str, files: list[int]) -> tuple[int, int, int]:
+        """The task's stdin, stdout and stderr, opened here (``files``: what to close after the spawn)."""
+        stdin = _open(order.stdin_path, cwd, "rb", files, "stdin_path")
+        mode = "wb" if order.truncate_output else "ab"
+        stdout = _open(order.stdout_path, cwd, mode, files, "stdout_path")
+        if order.stderr_path is not None and order.stderr_path == order.stdout_path:
+            stderr = stdout
+        else:
+            stderr = _open(order.stderr_path, cwd, mode, files, "stderr_path")
+        return stdin, stdout, stderr
+
+    def _posix_spawn(
+        self, spawner: _Spawner, argv: list[str], cwd: str, env: dict[str, str], streams: tuple[int, int, int]
+    ) -> int:
+        """What ``Popen`` does for a task, for less than half its CPU: ``posix_spawn`` (vfork and exec;
+        ``os.posix_spawn`` holds the GIL until the child has exec'd, which measured better than
+        releasing it: fewer GIL hand-offs) in the task's directory (this thread's own cwd), new session, SIGPIPE and
+        SIGXFSZ back to default, only fds 0-2 inherited (every other fd is close-on-exec: _seal_fds),
+        the executable found in the task's own PATH."""
+        if spawner.cwd != cwd:
+            os.chdir(cwd)  # this thread's cwd only (_own_cwd)
+            spawner.cwd = cwd
+        now = time.monotonic()
+        if now - self._fds_sealed > _SEAL_INTERVAL:
+            self._fds_sealed = now
+            _seal_fds()
+        exe = argv[0]
+        path = exe if "/" in exe else _which(exe, env)
+        if streams is _NO_STREAMS:
+            actions = self._null_actions
+        else:
+            devnull = self.devnull
+            actions = [
+                (os.POSIX_SPAWN_DUP2, devnull if fd == subprocess.DEVNULL else fd, i) for i, fd in enumerate(streams)
+            ]
+        return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_SIGNALS)
+
+    def _explain(self, exc: OSError, argv: list[str], cwd: str, env: dict[str, str]) -> str:
+        node = self._node.name
+        if not os.path.isdir(cwd):
+            return f"directory {cwd!r} does not exist on node {node}"
+        exe = argv[0]
+        if isinstance(exc, FileNotFoundError):
+            if "/" in exe:
+                return f"executable {exe!r} not found on node {node} (relative to {cwd!r})"
+            return f"executable {exe!r} not found in PATH on node {node} (PATH={env.get('PATH', os.defpath)})"
+        if isinstance(exc, PermissionError):
+            return f"executable {exe!r} cannot be run on node {node}: permission denied"
+        return f"cannot start {exe!r} on node {node}: {exc.strerror or exc}"
+
+    def _nodefile(self, hosts: list[str]) -> str:
+        key = tuple(hosts)
+        with self._nodefiles_lock:  # spawner threads (one per pinned cpu) share the files
+            path = self._nodefiles.get(key)
+            if path is None:
+                path = str(self._workdir / f"nodes-{len(self._nodefiles)}.txt")
+                Path(path).write_text("".join(h + "\n" for h in hosts))
+                self._nodefiles[key] = path
+        return path
+
+
+def _open(path: str | None, cwd: str, mode: str, files: list[int], what: str) -> int:
+    """Open a task's stream file. Non-blocking, so a FIFO without a peer cannot wedge the spawner
+    (reading one with no writer gives EOF; writing one with no reader fails clearly)."""
+    if path is None:
+        return subprocess.DEVNULL
+    full = os.path.join(cwd, os.path.expanduser(path))
+    flags = _MODES[mode] | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(full, flags, 0o666)
+    except OSError as exc:
+        hint = " (a FIFO with no reader)" if exc.errno == errno.ENXIO else ""
+        raise _OpenError(f"cannot open {what} {full!r}: {exc.strerror}{hint}") from None
+    os.set_blocking(fd, True)
+    files.append(fd)
+    return fd
+
+
+def _limits(rlimits: list[list[Any]]) -> Callable[[], None]:
+    """SSS ResourceLimits, set in the child between fork and exec so they hold from the first
+    instruction (only orders that carry limits pay for the preexec path; the others keep vfork)."""
+    settings = []
+    for name, soft, hard in rlimits:
+        res = getattr(resource, name)
+        cur_soft, cur_hard = resource.getrlimit(res)
+        h = cur_hard if hard is None else (resource.RLIM_INFINITY if hard == -1 else hard)
+        sv = cur_soft if soft is None else (resource.RLIM_INFINITY if soft == -1 else soft)
+        if cur_hard != resource.RLIM_INFINITY and (h == resource.RLIM_INFINITY or h > cur_hard) and os.geteuid():
+            raise _OpenError(
+                f"ResourceLimit {name}: the hard limit {'unlimited' if hard == -1 else hard} is above this node's "
+                f"{cur_hard}, which only root may raise; ask for at most {cur_hard}"
+            )
+        if h != resource.RLIM_INFINITY and (sv == resource.RLIM_INFINITY or sv > h):
+            sv = h
+        settings.append((res, (sv, h)))
+
+    def apply() -> None:
+        for res, limits in settings:
+            resource.setrlimit(res, limits)
+
+    return apply
+
+
+def _own_cwd() -> bool:
+    """Give the calling thread its own cwd (Linux ``unshare(CLONE_FS)``), so it can chdir to a task's
+    directory and posix_spawn there without moving the other threads. False where that is refused."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_FS) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as exc:
+        log.warning("spawner thread cannot have its own cwd; starting tasks with Popen", error=str(exc))
+        return False
+    return True
+
+
+def _seal_fds() -> None:
+    """Make every fd above 2 close-on-exec (Python's own are; one inherited from the agent's parent or
+    made by a C library might not be), so posix_spawn passes a task only its 0-2, as Popen's close_fds."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 1024))
+    for fd in fds:
+        if fd > 2:
+            try:
+                if os.get_inheritable(fd):
+                    os.set_inheritable(fd, False)
+            except OSError:
+                pass  # closed meanwhile (or the listing's own fd)
+
+
+def _which(exe: str, env: dict[str, str]) -> str:
+    """``exe`` in the task's PATH, as Popen looks it up (unchanged when not found: the spawn then fails
+    with ENOENT, explained by ``_explain``)."""
+    for d in os.get_exec_path(env):
+        path = os.path.join(d, exe)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return exe

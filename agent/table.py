@@ -1,0 +1,54 @@
+"""The records an engine's threads share: a process's key, its row in the table, the events it produces.
+
+Apart from the engines (processes, simulated) so that the spawner and reaper modules can build and read
+them without importing the engine that owns the table. A :class:`Running` row is written by the spawner
+that starts its process and read under the engine's lock by everyone else; only its ``reason`` (the loop,
+when it signals the process) and ``peak_tree_rss`` (the sampler) change after.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+from pilot.model.process_order import ProcessOrder
+
+Key = tuple[str, int]
+
+
+def take_waiting(waiting: list[ProcessOrder], key: Key) -> ProcessOrder | None:
+    """Remove and return the order of ``key`` from orders that wait for their cores (a KILL or a
+    WITHDRAW of one not started), or None when none waits."""
+    for i, order in enumerate(waiting):
+        if (order.job_id, order.slot) == key:
+            return waiting.pop(i)
+    return None
+
+
+@dataclass(slots=True)
+class Running:
+    order: ProcessOrder
+    pid: int
+    popen: subprocess.Popen[bytes] | None  # only when started through Popen (rlimits, no thread cwd)
+    started: float  # wall clock
+    started_mono: float
+    env_file: str | None = None
+    env: dict[str, str] | None = None  # a pre process's environment before its script ran
+    reason: str | None = None  # why the agent signalled it (walltime, canceled, ...)
+    peak_tree_rss: int = 0
+    start_event: Event | None = None  # its ``started`` event, which its exit makes redundant (_finish)
+
+
+@dataclass(slots=True)
+class Event:
+    """``kind`` is started | exited | failed; ``data`` is what the daemon needs for that kind."""
+
+    job_id: str
+    slot: int
+    kind: str
+    time: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> list[Any]:
+        return [self.job_id, self.slot, self.kind, self.time, self.data]
