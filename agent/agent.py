@@ -1,6 +1,6 @@
 """The agent's loop: one DEALER socket to the daemon, orders in, batched events out.
 
-One loop owns the socket (see :mod:`pilot.transport`): each turn it drains the daemon's frames, hands
+One loop owns the socket (see :mod:`pilot.wire.transport`): each turn it drains the daemon's frames, hands
 orders to the process engine, forwards the engine's events in one message, runs due timers
 (heartbeat, walltime, kill escalation, stopping), sends, then waits for the socket, a poke from the
 spawner/reaper threads, or the next timer. An agent that runs processes turns in a worker thread of
@@ -31,8 +31,9 @@ from agent.table import Key
 from pilot import wire
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
-from pilot.security import Credentials, secure_client, watch_handshakes
-from pilot.transport import Waiter, drain
+from pilot.security import Credentials
+from pilot.wire.curve import secure_client, watch_handshakes
+from pilot.wire.transport import Waiter, drain
 
 log = structlog.get_logger("agent")
 

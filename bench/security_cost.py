@@ -41,7 +41,8 @@ import psutil  # noqa: E402
 import zmq  # noqa: E402
 
 from pilot.logs import configure  # noqa: E402
-from pilot.security import CLIENT_DOMAIN, Credentials, KeyStore, secure_client  # noqa: E402
+from pilot.security import CLIENT_DOMAIN, Credentials, KeyStore  # noqa: E402
+from pilot.wire.curve import secure_client  # noqa: E402
 
 _DRAIN = 2048
 
@@ -53,7 +54,7 @@ def serve(keys_dir: str, conn: Connection) -> None:
     import anyio
 
     from pilot.logs import configure
-    from pilot.security import ZapAuthenticator, secure_server, wait_readable
+    from pilot.wire.curve import ZapAuthenticator, secure_server, wait_readable
 
     configure(level="warning")
 

@@ -54,7 +54,8 @@ from zmq.utils.monitor import recv_monitor_message
 from client.exceptions import SubmitException
 from pilot import wire
 from pilot.rundir import INFO_FILE, RunDir
-from pilot.security import Credentials, handshake_failure, secure_client
+from pilot.security import Credentials
+from pilot.wire.curve import handshake_failure, secure_client
 
 log = structlog.get_logger("client")
 

@@ -33,7 +33,7 @@ from pilot.launchers.mpirun import MpirunLauncher
 from pilot.parking import Parking, is_submit
 from pilot.rundir import RunDir
 from pilot.store import JournalError, Recovered, Store
-from pilot.transport import Progress, Waiter, drain
+from pilot.wire.transport import Progress, Waiter, drain
 
 log = structlog.get_logger("pilot.daemon")
 

@@ -13,16 +13,9 @@ import zmq
 from pilot import wire
 from pilot.config import Config
 from pilot.rundir import RunDir
-from pilot.security import (
-    AGENT_DOMAIN,
-    CLIENT_DOMAIN,
-    ZapAuthenticator,
-    bind_host,
-    credentials_file_env,
-    secure_server,
-    tcp_endpoint,
-    watch_handshakes,
-)
+from pilot.security import AGENT_DOMAIN, CLIENT_DOMAIN, credentials_file_env
+from pilot.wire.addresses import bind_host, tcp_endpoint
+from pilot.wire.curve import ZapAuthenticator, secure_server, watch_handshakes
 
 log = structlog.get_logger("pilot.daemon")
 

@@ -19,14 +19,7 @@ import pytest
 from pilot_waits import agents_active, list_when_back, wait_for
 
 import client as psij
-from pilot.security import (
-    ClientAccess,
-    Credentials,
-    KeyPair,
-    read_client_access,
-    read_key_pair,
-    write_client_access,
-)
+from pilot.security import ClientAccess, Credentials, KeyPair, read_client_access, read_key_pair, write_client_access
 
 pytestmark = pytest.mark.timeout(120)
 

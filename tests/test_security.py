@@ -36,21 +36,16 @@ from pilot.security import (
     KeyStore,
     RedactSecrets,
     SecurityError,
-    ZapAuthenticator,
-    bind_host,
     check_private_dir,
     credentials_env,
     credentials_from_env,
     mask_environment,
     read_client_credentials,
     read_credentials,
-    secure_client,
-    secure_server,
-    tcp_endpoint,
-    wait_readable,
-    watch_handshakes,
     write_credentials,
 )
+from pilot.wire.addresses import bind_host, tcp_endpoint
+from pilot.wire.curve import ZapAuthenticator, secure_client, secure_server, wait_readable, watch_handshakes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -486,7 +481,8 @@ AGENT_SCRIPT = textwrap.dedent(
     """
     import json, subprocess, sys, zmq
     from agent.environment import inherited
-    from pilot.security import credentials_from_env, secure_client
+    from pilot.security import credentials_from_env
+    from pilot.wire.curve import secure_client
     creds = credentials_from_env()  # takes them out of os.environ too
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)

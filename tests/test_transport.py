@@ -1,4 +1,4 @@
-"""pilot.transport.Waiter on real ZeroMQ sockets (ipc, a DEALER in this process): it wakes for input
+"""pilot.wire.transport.Waiter on real ZeroMQ sockets (ipc, a DEALER in this process): it wakes for input
 and pokes, returns False at its ``until`` time, absorbs ZeroMQ's command-only signals without
 returning, and never misses a frame that came meanwhile; ``Waiter.block``, its form for a loop in a
 thread of its own, the same, looking at the sockets only under the lock it is given."""
@@ -15,7 +15,7 @@ import anyio
 import pytest
 import zmq
 
-from pilot.transport import Waiter, drain
+from pilot.wire.transport import Waiter, drain
 
 pytestmark = pytest.mark.timeout(60)
 
