@@ -33,11 +33,27 @@ from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
 from pilot.security import Credentials
 from pilot.wire.curve import secure_client, watch_handshakes
+from pilot.wire.messages import (
+    TO_AGENT,
+    Body,
+    Bye,
+    Heartbeat,
+    HeartbeatReply,
+    Kill,
+    Launch,
+    Register,
+    Registered,
+    Stop,
+    TaskEvent,
+    TaskEvents,
+    Withdraw,
+    decode,
+    encode,
+)
 from pilot.wire.transport import Waiter, drain
 
 log = structlog.get_logger("agent")
 
-_ALLOWED = wire.TO_AGENT_KINDS | {wire.Kind.HEARTBEAT}
 #: Measurements shared by the agents of one process (see ``Agent._measures``): key -> (when, values).
 _SHARED_MEASURES: dict[tuple[tuple[int, ...], str], tuple[float, tuple[dict[str, float], dict[str, float]]]] = {}
 _SHARED_MEASURES_TTL = 1.0
@@ -131,7 +147,7 @@ class Agent:
                 self._engine.kill(key, reason="agent exiting", sig=signal.SIGKILL)
             await anyio.to_thread.run_sync(self._engine.stop)
             self._forward()
-            self._queue(wire.Kind.BYE, {"node": self.node.name})
+            self._queue(Bye(self.node.name))
             self._send_out()
             self._sock.close(linger=1000)
             if self._own_ctx:
@@ -222,42 +238,37 @@ class Agent:
         try:
             if len(frames) != 1:
                 raise wire.ProtocolError(f"{len(frames)} frames, expected 1")
-            self._handle(wire.decode(frames[0], allowed=_ALLOWED))
+            self._handle(decode(frames[0], TO_AGENT))
         except wire.ProtocolError as exc:
             log.warning("dropped frame from daemon", reason=str(exc))
 
-    def _handle(self, msg: wire.Message) -> None:
-        if msg.kind == wire.Kind.LAUNCH:
-            orders = [ProcessOrder.from_wire(o) for o in wire.field(msg.body, "orders", list)]
+    def _handle(self, msg: Body) -> None:
+        if isinstance(msg, Launch):
             if not self._stopping:
-                self._orders += orders
+                self._orders += msg.orders
             return
         self._submit()  # what came before this message first: a KILL or WITHDRAW finds its order
-        if msg.kind == wire.Kind.KILL:
-            reason = wire.field(msg.body, "reason", str)
-            for key in _keys(msg.body):
-                if self._engine.kill(key, reason=reason):
+        if isinstance(msg, Kill):
+            for key in msg.keys:
+                if self._engine.kill(key, reason=msg.reason):
                     self._add_timer(time.monotonic() + self._kill_grace, key, "kill")
-        elif msg.kind == wire.Kind.WITHDRAW:
-            for key in _keys(msg.body):
+        elif isinstance(msg, Withdraw):
+            for key in msg.keys:
                 self._engine.withdraw(key)
-        elif msg.kind == wire.Kind.REGISTERED:
+        elif isinstance(msg, Registered):
             self._registered = True
-            self._acked(msg.body)
-            interval = float(wire.opt_field(msg.body, "heartbeat_interval", (int, float), self._heartbeat))
-            if not 0.01 <= interval <= 3600:  # NaN included: never again, or every loop turn, is no heartbeat
-                raise wire.ProtocolError(f"heartbeat_interval {interval!r} is not between 0.01 and 3600 s")
-            self._heartbeat = interval
+            self._acked(msg.acked)
+            self._heartbeat = msg.heartbeat_interval
             self._next_beat = time.monotonic() + self._heartbeat
             log.info("registered", node=self.node.name)
-        elif msg.kind == wire.Kind.HEARTBEAT:
-            if not wire.opt_field(msg.body, "known", bool, True):
+        elif isinstance(msg, HeartbeatReply):
+            if not msg.known:
                 self._registered = False
                 self._next_beat = 0.0
             else:
-                self._acked(msg.body)
-        elif msg.kind == wire.Kind.STOP:
-            self._begin_stop(wire.opt_field(msg.body, "reason", str, "pilot stopping"))
+                self._acked(msg.acked)
+        elif isinstance(msg, Stop):
+            self._begin_stop(msg.reason)
 
     def _submit(self) -> None:
         if self._orders:
@@ -266,8 +277,8 @@ class Agent:
 
     # -- outbound ---------------------------------------------------------------------------------
 
-    def _queue(self, kind: str, body: dict[str, Any]) -> None:
-        self._out.append(wire.encode(kind, body))
+    def _queue(self, msg: Body) -> None:
+        self._out.append(encode(msg))
 
     def _send_out(self) -> None:
         """Send what is queued; what the socket cannot take now stays queued, in order."""
@@ -282,8 +293,7 @@ class Agent:
             sent += 1
         del self._out[:sent]
 
-    def _acked(self, body: dict[str, Any]) -> None:
-        acked = wire.opt_field(body, "acked", int, 0)
+    def _acked(self, acked: int) -> None:
         while self._unacked and self._unacked[0][0] <= acked:
             self._unacked.popleft()
 
@@ -295,7 +305,7 @@ class Agent:
         # A process that started and exited within one batch is reported by its exit alone (it carries
         # the start time): fewer events for short tasks, and the client synthesises ACTIVE.
         exited: set[Key] | None = None
-        out = []
+        out: list[TaskEvent] = []
         for ev in events:
             if ev.kind == "started":
                 if exited is None:
@@ -305,11 +315,11 @@ class Agent:
                 deadline = self._engine.deadline((ev.job_id, ev.slot))
                 if deadline is not None:
                     self._add_timer(deadline, (ev.job_id, ev.slot), "walltime")
-            out.append(ev.to_wire())
+            out.append(ev)
         self._seq += 1
         self._unacked.append((self._seq, out))
         if self._registered:  # else they go with the REGISTER
-            self._queue(wire.Kind.TASK_EVENTS, {"events": out, "seq": self._seq})
+            self._queue(TaskEvents(tuple(out), self._seq))
 
     # -- timers: heartbeat, walltime, kill escalation, stopping -----------------------------------
 
@@ -331,29 +341,19 @@ class Agent:
         if now >= self._next_beat:
             if self._registered:
                 values, utilized = self._measures(now)
-                self._queue(
-                    wire.Kind.HEARTBEAT,
-                    {
-                        "time": time.time(),
-                        "running": len(self._engine.running()),
-                        "load": list(os.getloadavg()),
-                        "values": values,
-                        "utilized": utilized,
-                    },
-                )
+                self._queue(Heartbeat(os.getloadavg(), values, utilized))
                 self._next_beat = now + self._heartbeat
             else:
                 running, events = self._engine.snapshot()
                 self._forward(events)
                 self._queue(
-                    wire.Kind.REGISTER,
-                    {
-                        "node": self.node.to_wire(),
-                        "running": [list(k) for k in running],
-                        "events": [ev for _, chunk in self._unacked for ev in chunk],
-                        "seq": self._seq,
-                        "values": probe.measures(self.node, disk_path=self._disk)[0],  # matchable from the start
-                    },
+                    Register(
+                        self.node,
+                        tuple(running),
+                        tuple(ev for _, chunk in self._unacked for ev in chunk),
+                        self._seq,
+                        probe.measures(self.node, disk_path=self._disk)[0],  # matchable from the start
+                    )
                 )
                 self._next_beat = now + min(self._heartbeat, 0.5)
             if now - self._last_heard > self._orphan_timeout and not self._stopping:
@@ -409,13 +409,3 @@ class Agent:
         while True:
             await anyio.sleep(1.0)
             await anyio.to_thread.run_sync(self._engine.sample)
-
-
-def _keys(body: dict[str, Any]) -> list[Key]:
-    """The ``keys`` of a KILL or WITHDRAW: [job_id, slot] pairs."""
-    keys = []
-    for raw in wire.field(body, "keys", list):
-        if not (isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], str) and type(raw[1]) is int):
-            raise wire.ProtocolError("keys must be [job_id, slot] pairs")
-        keys.append((raw[0], raw[1]))
-    return keys

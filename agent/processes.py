@@ -32,9 +32,10 @@ import structlog
 from agent import environment
 from agent.reaping import Reaper
 from agent.spawning import Spawners
-from agent.table import Event, Key, Running, take_waiting
+from agent.table import Key, Running, take_waiting
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
+from pilot.wire.messages import TaskEvent
 
 log = structlog.get_logger("agent.processes")
 
@@ -57,7 +58,7 @@ class ProcessEngine:
         self._cancelled: dict[Key, str] = {}
         self._core_users: dict[int, int] = {}  # core -> processes (running, or handed to a spawner) on it
         self._waiting: list[ProcessOrder] = []
-        self._events: list[Event] = []
+        self._events: list[TaskEvent] = []
         self._held_since: float | None = None  # monotonic start of the oldest held ``started`` event
         self._report_since: float | None = None  # monotonic time of the oldest undrained exit or failure
         self._urgent = False  # an undrained event that is not held (see _report)
@@ -159,7 +160,7 @@ class ProcessEngine:
             self._loop_due = math.inf if when is None else when
             return when
 
-    def drain(self) -> list[Event]:
+    def drain(self) -> list[TaskEvent]:
         """Events to send. A ``started`` event is held up to ``_START_HOLD`` seconds while its process
         runs: a short task's exit then carries it (one event, one daemon pass, not two). A task's
         ``started`` never wakes the loop by itself; exits and failures do. While orders wait here for
@@ -184,7 +185,7 @@ class ProcessEngine:
             self._wake_owed = self._urgent = False
             if not any(e.kind == "started" for e in events):
                 return events
-            out: list[Event] = []
+            out: list[TaskEvent] = []
             for e in events:
                 run = self._by_key.get((e.job_id, e.slot)) if e.kind == "started" else None
                 if run is not None and now - run.started_mono < _START_HOLD:
@@ -202,7 +203,7 @@ class ProcessEngine:
             if run is None:
                 waiting = take_waiting(self._waiting, key)
                 if waiting is not None:
-                    self._report(Event(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False}))
+                    self._report(TaskEvent(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False}))
                 elif self._pending_orders:
                     self._cancelled[key] = reason
                 else:
@@ -230,7 +231,7 @@ class ProcessEngine:
         with self._lock:
             if take_waiting(self._waiting, key) is None:
                 return False
-            wake = self._report(Event(key[0], key[1], "withdrawn", time.time()))
+            wake = self._report(TaskEvent(key[0], key[1], "withdrawn", time.time(), {}))
         if wake:
             self._notify()
         return True
@@ -258,7 +259,7 @@ class ProcessEngine:
         keys.update(dict.fromkeys((w.job_id, w.slot) for w in self._waiting))
         return list(keys)
 
-    def snapshot(self) -> tuple[list[Key], list[Event]]:
+    def snapshot(self) -> tuple[list[Key], list[TaskEvent]]:
         """Running keys and the events not drained yet, taken together: every order this agent got is
         in one or the other (or in events drained before), which a restarted daemon relies on to tell
         orders the agent never received from ones it ran."""
@@ -322,11 +323,11 @@ class ProcessEngine:
         if wake:  # the hand-off that mattered is done (see _report)
             self._notify()
         if cancelled is not None:
-            self._emit(Event(key[0], key[1], "exited", time.time(), {"reason": cancelled, "spawned": False}))
+            self._emit(TaskEvent(key[0], key[1], "exited", time.time(), {"reason": cancelled, "spawned": False}))
             return False
         return True
 
-    def _started(self, key: Key, run: Running, started: Event, *, reaps: bool) -> bool:
+    def _started(self, key: Key, run: Running, started: TaskEvent, *, reaps: bool) -> bool:
         """A process runs for ``key``: into the table, its ``started`` event queued. True when the spawner
         that started it waits for it itself (``reaps``, with pidfds); else the reaper does."""
         pid = run.pid
@@ -388,7 +389,7 @@ class ProcessEngine:
             after = environment.take_file(run.env_file)
             if after is not None and run.env is not None:
                 data["environment"], data["unset"] = environment.changes(run.env, after)
-        event = Event(run.order.job_id, run.order.slot, "exited", run.started + data["wall_duration"], data)
+        event = TaskEvent(run.order.job_id, run.order.slot, "exited", run.started + data["wall_duration"], data)
         with self._lock:
             if self._by_key.get(key) is run:
                 del self._by_key[key]  # in the same step as its exit event: see snapshot()
@@ -401,13 +402,13 @@ class ProcessEngine:
         if wake:
             self._notify()
 
-    def _emit(self, event: Event) -> None:
+    def _emit(self, event: TaskEvent) -> None:
         with self._lock:
             first = self._report(event)
         if first:
             self._notify()
 
-    def _report(self, event: Event) -> bool:
+    def _report(self, event: TaskEvent) -> bool:
         """Queue an exit or failure (the lock held). True if the loop must be woken: only for the first
         one not drained yet (the loop then drains or holds them all, next_deadline), and not when
         :meth:`drain` would hold it anyway and the loop comes back by the end of that hold by itself

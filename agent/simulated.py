@@ -19,8 +19,9 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from agent.table import Event, Key, take_waiting
+from agent.table import Key, take_waiting
 from pilot.model.process_order import ProcessOrder
+from pilot.wire.messages import TaskEvent
 
 
 @dataclass(slots=True)
@@ -43,7 +44,7 @@ class NullEngine:
         self._core_users: Counter[int] = Counter()
         self._due: list[tuple[float, int, Key]] = []  # (monotonic end, tie-break, key)
         self._tie = itertools.count()
-        self._events: list[Event] = []
+        self._events: list[TaskEvent] = []
         self._ending: deque[Key] = deque()  # started with no duration: they exit in the same step
 
     # -- the engine interface (all called from the agent's loop) ----------------------------------
@@ -82,11 +83,11 @@ class NullEngine:
             return time.monotonic()
         return self._due[0][0] if self._due else None
 
-    def drain(self) -> list[Event]:
+    def drain(self) -> list[TaskEvent]:
         events, self._events = self._events, []
         return events
 
-    def snapshot(self) -> tuple[list[Key], list[Event]]:
+    def snapshot(self) -> tuple[list[Key], list[TaskEvent]]:
         return self.running(), self.drain()
 
     def kill(self, key: Key, *, reason: str, sig: int = signal.SIGTERM) -> bool:
@@ -99,13 +100,13 @@ class NullEngine:
             return True
         if take_waiting(self._waiting, key) is None:
             return False
-        self._events.append(Event(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False}))
+        self._events.append(TaskEvent(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False}))
         return True
 
     def withdraw(self, key: Key) -> bool:
         if take_waiting(self._waiting, key) is None:
             return False
-        self._events.append(Event(key[0], key[1], "withdrawn", time.time()))
+        self._events.append(TaskEvent(key[0], key[1], "withdrawn", time.time(), {}))
         return True
 
     def deadline(self, key: Key) -> float | None:
@@ -131,7 +132,7 @@ class NullEngine:
             self._core_users[c] += 1
         run = _Simulated(order, now, mono)
         self._running[key] = run
-        self._events.append(Event(order.job_id, order.slot, "started", now, {"pid": 0}))
+        self._events.append(TaskEvent(order.job_id, order.slot, "started", now, {"pid": 0}))
         if self._duration == 0:
             self._ending.append(key)
         else:
@@ -153,7 +154,7 @@ class NullEngine:
             "reason": run.reason,
             "simulated": True,
         }
-        self._events.append(Event(key[0], key[1], "exited", run.started + wall, data))
+        self._events.append(TaskEvent(key[0], key[1], "exited", run.started + wall, data))
         for c in run.order.cores:
             self._core_users[c] -= 1
         if self._waiting:

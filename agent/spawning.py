@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from agent import environment
-from agent.table import Event, Running
+from agent.table import Running
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
+from pilot.wire.messages import TaskEvent
 
 if TYPE_CHECKING:
     from agent.processes import ProcessEngine
@@ -177,7 +178,9 @@ class Spawners:
                 spawned = self._spawn(order, spawner)
             except Exception as exc:  # never let one order kill the spawner
                 log.exception("spawn crashed", job=order.job_id, slot=order.slot)
-                engine._emit(Event(order.job_id, order.slot, "failed", time.time(), {"message": f"agent error: {exc}"}))
+                engine._emit(
+                    TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": f"agent error: {exc}"})
+                )
             finally:
                 if not spawned:
                     engine._never_started(order)
@@ -242,21 +245,23 @@ class Spawners:
                 if pin:
                     os.sched_setaffinity(0, self._all_cpus)
         except _OpenError as exc:
-            self._engine._emit(Event(order.job_id, order.slot, "failed", time.time(), {"message": str(exc)}))
+            self._engine._emit(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": str(exc)}))
             return False
         except subprocess.SubprocessError as exc:  # a limit the kernel refused in the child
             message = f"setting the ResourceLimits {order.rlimits} failed: {exc}"
-            self._engine._emit(Event(order.job_id, order.slot, "failed", time.time(), {"message": message}))
+            self._engine._emit(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": message}))
             return False
         except OSError as exc:
             self._engine._emit(
-                Event(order.job_id, order.slot, "failed", time.time(), {"message": self._explain(exc, argv, cwd, env)})
+                TaskEvent(
+                    order.job_id, order.slot, "failed", time.time(), {"message": self._explain(exc, argv, cwd, env)}
+                )
             )
             return False
         finally:
             for fd in set(files):
                 os.close(fd)
-        started = Event(order.job_id, order.slot, "started", t0, {"pid": pid})
+        started = TaskEvent(order.job_id, order.slot, "started", t0, {"pid": pid})
         run = Running(order, pid, popen, t0, m0, env_file, env if env_file is not None else None, start_event=started)
         if self._engine._started(key, run, started, reaps=spawner.reaps and popen is None):
             spawner.child = pid

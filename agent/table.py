@@ -1,4 +1,5 @@
-"""The records an engine's threads share: a process's key, its row in the table, the events it produces.
+"""The records an engine's threads share: a process's key and its row in the table (the events it produces
+are the wire's :class:`~pilot.wire.messages.TaskEvent`).
 
 Apart from the engines (processes, simulated) so that the spawner and reaper modules can build and read
 them without importing the engine that owns the table. A :class:`Running` row is written by the spawner
@@ -9,10 +10,10 @@ when it signals the process) and ``peak_tree_rss`` (the sampler) change after.
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from pilot.model.process_order import ProcessOrder
+from pilot.wire.messages import TaskEvent
 
 Key = tuple[str, int]
 
@@ -37,18 +38,4 @@ class Running:
     env: dict[str, str] | None = None  # a pre process's environment before its script ran
     reason: str | None = None  # why the agent signalled it (walltime, canceled, ...)
     peak_tree_rss: int = 0
-    start_event: Event | None = None  # its ``started`` event, which its exit makes redundant (_finish)
-
-
-@dataclass(slots=True)
-class Event:
-    """``kind`` is started | exited | failed; ``data`` is what the daemon needs for that kind."""
-
-    job_id: str
-    slot: int
-    kind: str
-    time: float
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def to_wire(self) -> list[Any]:
-        return [self.job_id, self.slot, self.kind, self.time, self.data]
+    start_event: TaskEvent | None = None  # its ``started`` event, which its exit makes redundant (_finish)

@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import structlog
@@ -33,14 +33,32 @@ from pilot.launchers.mpirun import MpirunLauncher
 from pilot.parking import Parking, is_submit
 from pilot.rundir import RunDir
 from pilot.store import JournalError, Recovered, Store
+from pilot.wire.messages import (
+    TO_DAEMON_FROM_AGENT,
+    AgentMessage,
+    Attach,
+    Body,
+    Cancel,
+    Explain,
+    Kill,
+    Launch,
+    ListJobs,
+    Nodes,
+    Release,
+    Show,
+    Shutdown,
+    Status,
+    Submit,
+    Withdraw,
+    decode_request,
+    encode,
+)
 from pilot.wire.transport import Progress, Waiter, drain
 
 log = structlog.get_logger("pilot.daemon")
 
 _DRAIN = 2048  # frames handled per burst before a flush
 _CHECKPOINT_LOOK = 8  # commits between two looks at the journal's WAL size (in a worker thread)
-#: Longest client key a SUBMIT may carry (a uuid is 36 characters).
-_KEY_CHARS = 128
 
 
 class DaemonError(RuntimeError):
@@ -302,49 +320,48 @@ class Daemon:
 
     def _serve_client(self, ident: bytes, payload: bytes) -> None:
         try:
-            msg = wire.decode(payload, allowed=wire.CLIENT_KINDS)
-            rid = wire.field(msg.body, "rid", int)
+            rid, msg = decode_request(payload)
         except wire.ProtocolError as exc:
             log.warning("dropped client frame", reason=str(exc), size=len(payload))
             return
-        try:
+        if isinstance(msg, wire.ProtocolError):
+            log.warning("bad client request", reason=str(msg))
+            body: dict[str, Any] = {"error": str(msg)}
+        else:
             body = self._handle_client(ident, msg)
-        except wire.ProtocolError as exc:
-            log.warning("bad client request", kind=msg.kind, reason=str(exc))
-            body = {"error": f"bad {msg.kind} request: {exc}"}
         body["rid"] = rid
         self._reply(ident, body)
 
-    def _handle_client(self, ident: bytes, msg: wire.Message) -> dict[str, Any]:
-        body, core = msg.body, self.core
-        if msg.kind == wire.Kind.SUBMIT:
-            jobs = wire.field(body, "jobs", list)
-            return {"results": core.on_submit(ident, jobs, _submit_keys(body, len(jobs)))}
-        if msg.kind == wire.Kind.CANCEL:
-            return {"results": [core.on_cancel(i) for i in wire.str_list(body, "ids")]}
-        if msg.kind == wire.Kind.ATTACH:
-            return {"results": [core.on_attach(ident, i) for i in wire.str_list(body, "ids")]}
-        if msg.kind == wire.Kind.RELEASE:
-            return {"results": [core.on_release(i) for i in wire.str_list(body, "ids")]}
-        if msg.kind == wire.Kind.LIST:
-            return {"ids": views.job_ids(core)}
-        if msg.kind == wire.Kind.STATUS:
-            return self.status()
-        if msg.kind == wire.Kind.EXPLAIN:
-            return {"results": [views.explain(core, i) for i in wire.str_list(body, "ids")]}
-        if msg.kind == wire.Kind.SHOW:
-            return {"results": [views.show(core, i) for i in wire.str_list(body, "ids")]}
-        if msg.kind == wire.Kind.NODES:
-            return {"xml": views.nodes_xml(core)}
-        if msg.kind == wire.Kind.SHUTDOWN:
-            if wire.opt_field(body, "drain", bool, False) and not self.allocations.stopping:
-                core.admission.draining = True
-                log.info(
-                    "draining: no new jobs; stopping once every accepted job has ended", left=core.book.unfinished()
-                )
-            else:
-                self.request_stop()
-            return {"ok": True, "pid": os.getpid(), "unfinished": core.book.unfinished()}
+    def _handle_client(self, ident: bytes, msg: Body) -> dict[str, Any]:
+        core = self.core
+        match msg:
+            case Submit(jobs=jobs, keys=keys):
+                return {"results": core.on_submit(ident, jobs, keys)}
+            case Cancel(ids=ids):
+                return {"results": [core.on_cancel(i) for i in ids]}
+            case Attach(ids=ids):
+                return {"results": [core.on_attach(ident, i) for i in ids]}
+            case Release(ids=ids):
+                return {"results": [core.on_release(i) for i in ids]}
+            case Explain(ids=ids):
+                return {"results": [views.explain(core, i) for i in ids]}
+            case Show(ids=ids):
+                return {"results": [views.show(core, i) for i in ids]}
+            case ListJobs():
+                return {"ids": views.job_ids(core)}
+            case Status():
+                return self.status()
+            case Nodes():
+                return {"xml": views.nodes_xml(core)}
+            case Shutdown(drain=drain):
+                if drain and not self.allocations.stopping:
+                    core.admission.draining = True
+                    log.info(
+                        "draining: no new jobs; stopping once every accepted job has ended", left=core.book.unfinished()
+                    )
+                else:
+                    self.request_stop()
+                return {"ok": True, "pid": os.getpid(), "unfinished": core.book.unfinished()}
         return {"version": pilot.__version__, "pilot": self.config.pilot.name, "pid": os.getpid()}  # hello
 
     def _on_agent(self, frames: list[bytes]) -> None:
@@ -354,8 +371,12 @@ class Daemon:
         ident, payload = frames
         try:
             name = ident.decode()
-            msg = wire.decode(payload, allowed=wire.AGENT_KINDS)
-            self.core.on_agent(name, msg)
+            m = wire.decode(payload, allowed=wire.AGENT_KINDS)
+            agents = self.core.agents
+            if m.kind != wire.Kind.REGISTER and not agents.registered(name):
+                agents.ask_to_register(name)  # its body is not even read
+                return
+            self.core.on_agent(name, cast(AgentMessage, TO_DAEMON_FROM_AGENT[m.kind].from_body(m.body)))
         except (wire.ProtocolError, UnicodeDecodeError) as exc:
             log.warning("dropped agent frame", reason=str(exc), size=len(payload))
 
@@ -413,15 +434,15 @@ class Daemon:
         out = core.outbox.take()
         agents = self.endpoints.agents
         # Agents first: their work starts while the clients' replies are encoded and sent.
-        for node, kind, body in out.to_agents:
-            send(agents, [node.encode(), wire.encode(kind, body)])
+        for node, msg in out.to_agents:
+            send(agents, [node.encode(), encode(msg)])
         for node, batch in out.kills.items():
             for reason, keys in batch.items():
-                send(agents, [node.encode(), wire.encode(wire.Kind.KILL, {"keys": keys, "reason": reason})])
+                send(agents, [node.encode(), encode(Kill(tuple((k[0], k[1]) for k in keys), reason))])
         for node, keys in out.withdraws.items():
-            send(agents, [node.encode(), wire.encode(wire.Kind.WITHDRAW, {"keys": keys})])
+            send(agents, [node.encode(), encode(Withdraw(tuple((k[0], k[1]) for k in keys)))])
         for node, orders in out.orders.items():
-            send(agents, [node.encode(), wire.encode(wire.Kind.LAUNCH, {"orders": orders})])
+            send(agents, [node.encode(), Launch.frame(orders)])
         self.delivery.flush(out.replies, out.statuses)
         self._start_effects(out.effects)
         core.book.retire()
@@ -508,16 +529,3 @@ class Daemon:
                 "resumed": self.resumed,
             },
         )
-
-
-def _submit_keys(body: dict[str, Any], count: int) -> list[str | None] | None:
-    """A SUBMIT's ``keys`` (one per job, None for a job without one), checked; None when it has none."""
-    keys: list[str | None] | None = wire.opt_field(body, "keys", list)
-    if keys is None:
-        return None
-    if len(keys) != count:
-        raise wire.ProtocolError(f"'keys' has {len(keys)} entries for {count} jobs; send one per job (or null)")
-    for key in keys:
-        if key is not None and not (isinstance(key, str) and 0 < len(key) <= _KEY_CHARS):
-            raise wire.ProtocolError(f"a job key must be a string of 1 to {_KEY_CHARS} characters, not {key!r:.80}")
-    return keys

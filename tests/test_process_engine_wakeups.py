@@ -17,9 +17,9 @@ import pytest
 from pilot_waits import wait_for
 
 from agent.processes import ProcessEngine
-from agent.table import Event
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
+from pilot.wire.messages import TaskEvent
 
 
 @pytest.fixture(autouse=True, params=["pidfd", "wait4"])
@@ -53,9 +53,9 @@ class _Loop:
         self.pokes += 1
         self.poked.set()
 
-    def run_until(self, keys: set[tuple[str, int]], limit: float) -> list[Event]:
+    def run_until(self, keys: set[tuple[str, int]], limit: float) -> list[TaskEvent]:
         """Events until every key exited; fails if the loop would sleep forever or past ``limit``."""
-        got: list[Event] = []
+        got: list[TaskEvent] = []
         end = time.monotonic() + limit
         while True:
             batch = self.engine.drain()

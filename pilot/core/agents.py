@@ -3,17 +3,26 @@ task events, and an agent that is lost or stopped -- its processes get a definit
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 
-from pilot import wire
 from pilot.core.lifecycle import Lifecycle
 from pilot.core.nodes import AgentRecord
 from pilot.core.outbox import NodeLost
 from pilot.core.state import CoreState, Part
 from pilot.jobs import ProcessResult
 from pilot.model.node import NodeConfigured
+from pilot.wire.codec import ProtocolError
+from pilot.wire.messages import (
+    AgentMessage,
+    Heartbeat,
+    HeartbeatReply,
+    ProcessKey,
+    Register,
+    Registered,
+    Stop,
+    TaskEvent,
+    TaskEvents,
+)
 
 log = structlog.get_logger("pilot.core")
 
@@ -23,45 +32,47 @@ class Agents(Part):
         super().__init__(state)
         self.lifecycle = lifecycle
 
-    def on_message(self, name: str, msg: wire.Message) -> None:
+    def registered(self, name: str) -> bool:
+        """Whether ``name``'s agent may send more than a REGISTER: known, active, and (recovered from the
+        journal) registered again with this daemon, since its events come with that REGISTER."""
         agent = self.nodes.agents.get(name)
-        if msg.kind == wire.Kind.REGISTER:
-            self._on_register(name, agent, msg.body)
-        elif agent is None or agent.state != "active" or not agent.confirmed:
-            # Unknown, gone, or recovered from the journal and not re-registered yet (its events come
-            # with its REGISTER): it must register first.
-            self.outbox.to_agent(name, wire.Kind.HEARTBEAT, {"known": False})
-        elif msg.kind == wire.Kind.HEARTBEAT:
+        return agent is not None and agent.state == "active" and agent.confirmed
+
+    def ask_to_register(self, name: str) -> None:
+        self.outbox.to_agent(name, HeartbeatReply(known=False))
+
+    def on_message(self, name: str, msg: AgentMessage) -> None:
+        agent = self.nodes.agents.get(name)
+        if isinstance(msg, Register):
+            self._on_register(name, agent, msg)
+        elif agent is None or not self.registered(name):
+            self.ask_to_register(name)
+        elif isinstance(msg, TaskEvents):
             agent.last_seen = self.clock.mono
-            load = msg.body.get("load")
-            if isinstance(load, list) and all(isinstance(x, int | float) for x in load):
-                agent.load = load[:3]
-            self.nodes.measures(agent, msg.body)
-            self.outbox.to_agent(name, wire.Kind.HEARTBEAT, {"known": True, "acked": agent.acked})
-        elif msg.kind == wire.Kind.TASK_EVENTS:
+            on_event = self.lifecycle.on_process_event
+            for ev in msg.events:
+                on_event(agent, ev)
+            agent.acked = max(agent.acked, msg.seq)
+        elif isinstance(msg, Heartbeat):
             agent.last_seen = self.clock.mono
-            seq = wire.opt_field(msg.body, "seq", int, 0)
-            for ev in wire.field(msg.body, "events", list):
-                self.lifecycle.on_process_event(agent, ev)
-            agent.acked = max(agent.acked, seq)
-        elif msg.kind == wire.Kind.BYE:
+            if msg.load:
+                agent.load = list(msg.load)
+            self.nodes.measures(agent, values=msg.values, utilized=msg.utilized)
+            self.outbox.to_agent(name, HeartbeatReply(known=True, acked=agent.acked))
+        else:
             self.gone(agent, f"agent on {name} exited", state="stopped")
 
-    def _on_register(self, name: str, agent: AgentRecord | None, body: dict[str, Any]) -> None:
-        node = NodeConfigured.from_wire(wire.field(body, "node", dict))
+    def _on_register(self, name: str, agent: AgentRecord | None, msg: Register) -> None:
+        node = msg.node
         if node.name != name:
-            raise wire.ProtocolError(f"agent {name!r} registers as {node.name!r}")
+            raise ProtocolError(f"agent {name!r} registers as {node.name!r}")
         owner = self.allocations.of_node(name)
         if owner is None or (agent is None and not owner.alive):
-            raise wire.ProtocolError(f"agent {name!r} is not a node of an allocation this pilot holds")
+            raise ProtocolError(f"agent {name!r} is not a node of an allocation this pilot holds")
         expected = owner.allocation.expected_nodes
         if expected and name not in {n.name for n in expected}:
-            raise wire.ProtocolError(f"agent {name!r} is not a node of allocation {owner.name}")
-        running = wire.field(body, "running", list)
-        events = wire.opt_field(body, "events", list, [])
-        seq = wire.opt_field(body, "seq", int, 0)
-        if not all(isinstance(k, list) and len(k) == 2 for k in running):
-            raise wire.ProtocolError("running keys must be [job_id, slot] pairs")
+            raise ProtocolError(f"agent {name!r} is not a node of allocation {owner.name}")
+        running, events = msg.running, msg.events
         if agent is not None and agent.state == "active" and agent.confirmed:
             agent.last_seen = self.clock.mono  # a repeated REGISTER: its events are replays
             for ev in events:
@@ -74,17 +85,13 @@ class Agents(Part):
                 self.lifecycle.on_process_event(agent, ev)  # all for processes this daemon gave up: dropped
             if running:
                 # Processes this daemon does not know (or declared lost): the agent must not keep them.
-                self.outbox.kills[name]["unknown to the daemon"].extend(running)
-        agent.acked = max(agent.acked, seq)
-        self.nodes.measures(agent, body)
-        self.outbox.to_agent(
-            name,
-            wire.Kind.REGISTERED,
-            {"heartbeat_interval": self.config.pilot.heartbeat_interval, "acked": agent.acked},
-        )
+                self.outbox.kills[name]["unknown to the daemon"].extend(list(k) for k in running)
+        agent.acked = max(agent.acked, msg.seq)
+        self.nodes.measures(agent, values=msg.values, utilized=msg.utilized)
+        self.outbox.to_agent(name, Registered(self.config.pilot.heartbeat_interval, agent.acked))
         if self.allocations.stopping:
             # Registered after the pilot began stopping: it missed the STOP the others got.
-            self.outbox.to_agent(name, wire.Kind.STOP, {"reason": "pilot stopped"})
+            self.outbox.to_agent(name, Stop("pilot stopped"))
 
     def register(self, node: NodeConfigured) -> AgentRecord:
         owner = self.allocations.of_node(node.name)
@@ -99,7 +106,9 @@ class Agents(Part):
         log.info("agent registered", node=node.name, cores=len(node.processors), gpus=len(node.gpus))
         return agent
 
-    def _readopt(self, agent: AgentRecord, node: NodeConfigured, running: list[Any], events: list[Any]) -> None:
+    def _readopt(
+        self, agent: AgentRecord, node: NodeConfigured, running: tuple[ProcessKey, ...], events: tuple[TaskEvent, ...]
+    ) -> None:
         """An agent of the allocation this daemon resumed is back. Its running processes that the journal
         holds are adopted; its buffered events (everything not acknowledged before the crash) are
         replayed; processes it runs that the journal does not hold are killed; orders the journal says
@@ -110,7 +119,7 @@ class Agents(Part):
         agent.last_seen = self.clock.mono
         self.nodes.slots[agent.name].usable = True
         self.nodes.invalidate()
-        keys = {(k[0], k[1]) for k in running if isinstance(k[0], str) and isinstance(k[1], int)}
+        keys = set(running)
         for ev in events:
             self.lifecycle.on_process_event(agent, ev)
         kills = self.outbox.kills[agent.name]

@@ -10,7 +10,6 @@ from typing import Any
 
 import structlog
 
-from pilot import wire
 from pilot.core.nodes import AgentRecord
 from pilot.core.outcome import delivered, outcome
 from pilot.core.phase import Phase
@@ -21,6 +20,7 @@ from pilot.launchers import PlannedProcess
 from pilot.model.job_state import JobState
 from pilot.model.process_order import POST, PRE
 from pilot.scheduler import RankPlacement
+from pilot.wire.messages import TaskEvent
 
 log = structlog.get_logger("pilot.core")
 
@@ -130,19 +130,9 @@ class Lifecycle(Part):
 
     # -- in -------------------------------------------------------------------------------------------
 
-    def on_process_event(self, agent: AgentRecord, ev: Any) -> None:
-        """One task event from an agent: [process job id, slot, kind, time, data]."""
-        if not (isinstance(ev, list) and len(ev) == 5):
-            raise wire.ProtocolError("a task event is [job_id, slot, kind, time, data]")
+    def on_process_event(self, agent: AgentRecord, ev: TaskEvent) -> None:
+        """One task event from an agent (decoded and checked by the wire)."""
         job_id, slot, kind, t, data = ev
-        if not (
-            isinstance(job_id, str)
-            and isinstance(slot, int)
-            and isinstance(kind, str)
-            and isinstance(t, int | float)
-            and isinstance(data, dict)
-        ):
-            raise wire.ProtocolError("a task event has wrong field types")
         job = self.book.jobs.get(job_id.partition("~")[0])
         plan = job.run.processes.get(slot) if job is not None else None
         if job is None or plan is None or plan.node != agent.name or plan.order.job_id != job_id:
@@ -155,10 +145,10 @@ class Lifecycle(Part):
             if job.phase in (Phase.BEHIND, Phase.WITHDRAWING):
                 self.book.move(job, Phase.RANKS)
             if run.started is None:
-                run.started = float(t)
+                run.started = t
                 self.book.changed(job)
             if job.state is JobState.QUEUED:
-                self.book.set_state(job, JobState.ACTIVE, float(t))
+                self.book.set_state(job, JobState.ACTIVE, t)
         elif kind == "failed":
             self.process_done(job, slot, ProcessResult(agent.name, plan.order.role, message=str(data.get("message"))))
         elif kind == "withdrawn":
@@ -173,7 +163,7 @@ class Lifecycle(Part):
             started = data.get("started")
             if run.started is None and isinstance(started, int | float) and not isinstance(started, bool):
                 run.started = float(started)  # its start came in the same batch as its exit
-            run.ended = max(run.ended or 0.0, float(t))
+            run.ended = max(run.ended or 0.0, t)
             result = ProcessResult(
                 agent.name,
                 plan.order.role,
@@ -193,8 +183,6 @@ class Lifecycle(Part):
                     run.unset = unset
                 self.outbox.journal.pre_launch_environment(job.id, run.environment, run.unset)
             self.process_done(job, slot, result)
-        else:
-            raise wire.ProtocolError(f"unknown task event kind {kind!r}")
 
     def process_done(self, job: JobRecord, slot: int, result: ProcessResult) -> None:
         run = job.run

@@ -8,6 +8,7 @@ allocation closes or is released).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,21 +97,20 @@ class NodeBook:
         if slots is not None:
             slots.usable = False
 
-    def measures(self, agent: AgentRecord, body: dict[str, Any]) -> None:
+    def measures(
+        self, agent: AgentRecord, *, values: Mapping[str, int | float | str] | None, utilized: dict[str, float] | None
+    ) -> None:
         """A heartbeat's load values (SGE load_avg, mem_free, ...) refresh what matching sees; its
         utilization (psutil on the node) is the SSS Node's Utilized category."""
-        values = body.get("values")
-        if isinstance(values, dict) and len(values) <= 64:
+        if values is not None:
             m = self.cluster.nodes.get(agent.name)
             if m is not None:
-                clean = {k: v for k, v in values.items() if isinstance(k, str) and isinstance(v, int | float | str)}
                 before = m.values.version
-                m.values.report_load(self.cluster.registry, clean)
+                m.values.report_load(self.cluster.registry, values)
                 if m.values.version != before:
                     self.cluster.touch()
-        used = body.get("utilized")
-        if isinstance(used, dict) and len(used) <= 16:
-            agent.utilized = {k: float(v) for k, v in used.items() if isinstance(k, str) and isinstance(v, int | float)}
+        if utilized is not None:
+            agent.utilized = utilized
 
     def busy(self, held: PilotAllocation) -> bool:
         for name in held.nodes:

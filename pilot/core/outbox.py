@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pilot.store import Batch
+from pilot.wire.messages import Body
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +43,8 @@ class Outbox:
     )
     #: Orders asked back per node (not started, behind a busy core): [[process job id, slot], ...].
     withdraws: defaultdict[str, list[list[Any]]] = field(default_factory=lambda: defaultdict(list))
-    #: Direct answers to agents (registered, heartbeat, stop): (node, kind, body), in order.
-    to_agents: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    #: Direct answers to agents (registered, heartbeat replies, stop): (node, message), in order.
+    to_agents: list[tuple[str, Body]] = field(default_factory=list)
     #: Job statuses per subscribed client: ident -> job id -> newest status.
     statuses: defaultdict[bytes, dict[str, list[Any]]] = field(default_factory=lambda: defaultdict(dict))
     #: Replies to client requests: (ident, body), in order.
@@ -56,8 +57,8 @@ class Outbox:
     def kill(self, node: str, reason: str, key: list[Any]) -> None:
         self.kills[node][reason].append(key)
 
-    def to_agent(self, node: str, kind: str, body: dict[str, Any]) -> None:
-        self.to_agents.append((node, kind, body))
+    def to_agent(self, node: str, msg: Body) -> None:
+        self.to_agents.append((node, msg))
 
     def take(self) -> Outbox:
         """Everything to send written so far, leaving this outbox empty for the next step. The journal's

@@ -13,7 +13,6 @@ from typing import Any
 
 import structlog
 
-from pilot import wire
 from pilot.allocations import AllocationBook, PilotAllocation, Site, allocation_of_node
 from pilot.config import Config
 from pilot.core.admission import Admission
@@ -37,6 +36,7 @@ from pilot.scheduler.distribution import JobPlacement, TaskPlacement
 from pilot.scheduler.matching import Cluster
 from pilot.scheduler.placement import RankPlacement
 from pilot.sss_jobs import SssJob, prepare, read_submission
+from pilot.wire.messages import AgentMessage, Stop
 
 log = structlog.get_logger("pilot.core")
 
@@ -98,7 +98,7 @@ class Core:
 
     # -- events from agents and the batch system ----------------------------------------------------
 
-    def on_agent(self, name: str, msg: wire.Message) -> None:
+    def on_agent(self, name: str, msg: AgentMessage) -> None:
         self.agents.on_message(name, msg)
 
     def on_tick(self) -> None:
@@ -228,7 +228,7 @@ class Core:
     def stop_agents(self, reason: str, *, only: set[str] | None = None) -> None:
         for name, agent in self.nodes.agents.items():
             if agent.state == "active" and (only is None or name in only):
-                self.outbox.to_agent(name, wire.Kind.STOP, {"reason": reason})
+                self.outbox.to_agent(name, Stop(reason))
 
     def give_up(self) -> None:
         """The end of a shutdown: agents that did not stop are lost, and every job left ends."""

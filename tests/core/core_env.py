@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pilot import config, lrm, site, wire
+from pilot import config, lrm, site
 from pilot.allocations import AllocationBook, PilotAllocation, Site
 from pilot.core.clock import Clock
 from pilot.core.outbox import Outbox
@@ -18,6 +18,7 @@ from pilot.model.job_description import JobDescription, ResourceRequest
 from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
 from pilot.store import Batch, Store
+from pilot.wire.messages import Heartbeat, Register, TaskEvent, TaskEvents
 
 CLIENT = b"client-1"
 
@@ -84,8 +85,8 @@ class CoreEnv:
 
     def register(self, name: str = "n0", *, running: list[list[Any]] | None = None, events: list[Any] = ()) -> Step:
         node = NodeConfigured(name=name, hostname=name, processors=list(range(self.cores)), memory=1 << 30)
-        body = {"node": node.to_wire(), "running": running or [], "events": list(events), "seq": 0}
-        self.core.on_agent(name, wire.Message(wire.Kind.REGISTER, body))
+        keys = tuple((k[0], k[1]) for k in running or ())
+        self.core.on_agent(name, Register(node, keys, tuple(TaskEvent.from_wire(e) for e in events)))
         return self.step()
 
     def submit(self, *descriptions: JobDescription, ident: bytes = CLIENT) -> list[str]:
@@ -98,10 +99,10 @@ class CoreEnv:
 
     def heartbeat(self, *nodes: str) -> None:
         for node in nodes:
-            self.core.on_agent(node, wire.Message(wire.Kind.HEARTBEAT, {}))
+            self.core.on_agent(node, Heartbeat())
 
     def events(self, node: str, *events: list[Any]) -> None:
-        self.core.on_agent(node, wire.Message(wire.Kind.TASK_EVENTS, {"events": list(events), "seq": 0}))
+        self.core.on_agent(node, TaskEvents(tuple(TaskEvent.from_wire(e) for e in events)))
 
     def started(self, node: str, proc_id: str, slot: int = 0) -> None:
         self.events(node, [proc_id, slot, "started", self.clock.wall, {}])

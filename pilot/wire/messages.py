@@ -1,0 +1,494 @@
+"""One typed message per kind, each decoded (and checked) once where it arrives.
+
+A frame's body is hostile input: ``from_body`` checks every field and raises :class:`ProtocolError`
+naming the field. Senders build the message and ``encode`` it; receivers call :func:`decode` with the
+kinds their side accepts (``TO_DAEMON_FROM_AGENT``, ``TO_AGENT``, ``TO_DAEMON_FROM_CLIENT``), so a
+message a peer may not send is refused before any of it is read. Per-item records inside a batch
+(a task event, a job's status) are named tuples: decoded once, cheap by the thousand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple, Protocol, Self
+
+from pilot.model.node import NodeConfigured
+from pilot.model.process_order import ProcessOrder
+from pilot.wire.codec import Kind, ProtocolError, field, opt_field
+from pilot.wire.codec import decode as decode_frame
+from pilot.wire.codec import encode as encode_frame
+
+#: A process on an agent: (its job id, with ``~attempt`` after a re-run; its slot).
+ProcessKey = tuple[str, int]
+
+#: Most keys a job's SUBMIT may name its job by (a uuid is 36 characters).
+_KEY_CHARS = 128
+
+
+class Body(Protocol):
+    KIND: ClassVar[str]
+
+    def body(self) -> dict[str, Any]: ...
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self: ...
+
+
+def encode(msg: Body) -> bytes:
+    return encode_frame(msg.KIND, msg.body())
+
+
+def decode(frame: bytes, kinds: Mapping[str, type[Body]]) -> Body:
+    """The typed message in ``frame``, which must be one of ``kinds`` (kind -> class)."""
+    m = decode_frame(frame, allowed=frozenset(kinds))
+    return kinds[m.kind].from_body(m.body)
+
+
+# -- records --------------------------------------------------------------------------------------------
+
+
+class TaskEvent(NamedTuple):
+    """What happened to one process: ``started``, ``exited`` (data: exit code, signal, rusage, ...),
+    ``failed`` (never started; data: message) or ``withdrawn`` (given back unstarted)."""
+
+    job_id: str  # the process's job id, as its order carries it (``<id>~<attempt>`` after a re-run)
+    slot: int
+    kind: str
+    time: float
+    data: dict[str, Any]
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> TaskEvent:
+        if not (isinstance(raw, list) and len(raw) == 5):
+            raise ProtocolError("a task event is [job_id, slot, kind, time, data]")
+        job_id, slot, kind, t, data = raw
+        if not (
+            isinstance(job_id, str)
+            and type(slot) is int
+            and isinstance(kind, str)
+            and isinstance(t, int | float)
+            and not isinstance(t, bool)
+            and isinstance(data, dict)
+        ):
+            raise ProtocolError("a task event has wrong field types")
+        if kind not in _TASK_EVENT_KINDS:
+            raise ProtocolError(f"unknown task event kind {kind!r}")
+        return cls(job_id, slot, kind, float(t), data)
+
+    def to_wire(self) -> list[Any]:
+        return [self.job_id, self.slot, self.kind, self.time, self.data]
+
+
+_TASK_EVENT_KINDS = frozenset({"started", "exited", "failed", "withdrawn"})
+
+
+class StatusReport(NamedTuple):
+    """A job's status as the daemon reports it to clients."""
+
+    job_id: str
+    state: str
+    time: float
+    exit_code: int | None
+    message: str | None
+    metadata: dict[str, Any] | None
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> StatusReport:
+        if not (isinstance(raw, list) and len(raw) == 6):
+            raise ProtocolError("a job status is [id, state, time, exit_code, message, metadata]")
+        job_id, state, t, code, message, metadata = raw
+        if not (
+            isinstance(job_id, str)
+            and isinstance(state, str)
+            and isinstance(t, int | float)
+            and not isinstance(t, bool)
+            and (code is None or type(code) is int)
+            and (message is None or isinstance(message, str))
+            and (metadata is None or isinstance(metadata, dict))
+        ):
+            raise ProtocolError("a job status has wrong field types")
+        return cls(job_id, state, float(t), code, message, metadata)
+
+
+def _keys(body: dict[str, Any], name: str = "keys") -> tuple[ProcessKey, ...]:
+    keys = []
+    for raw in field(body, name, list):
+        if not (isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], str) and type(raw[1]) is int):
+            raise ProtocolError(f"{name} must be [job_id, slot] pairs")
+        keys.append((raw[0], raw[1]))
+    return tuple(keys)
+
+
+def _events(body: dict[str, Any], *, required: bool) -> tuple[TaskEvent, ...]:
+    raw = field(body, "events", list) if required else opt_field(body, "events", list, [])
+    return tuple(TaskEvent.from_wire(ev) for ev in raw)
+
+
+def _measures(body: dict[str, Any]) -> tuple[dict[str, int | float | str] | None, dict[str, float] | None]:
+    """A heartbeat's load values (a map of at most 64) and Utilized amounts (at most 16), the entries of
+    the wrong type left out; None for either when it is absent or not such a map."""
+    values = body.get("values")
+    clean: dict[str, int | float | str] | None = None
+    if isinstance(values, dict) and len(values) <= 64:
+        clean = {k: v for k, v in values.items() if isinstance(k, str) and isinstance(v, int | float | str)}
+    used = body.get("utilized")
+    utilized: dict[str, float] | None = None
+    if isinstance(used, dict) and len(used) <= 16:
+        utilized = {k: float(v) for k, v in used.items() if isinstance(k, str) and isinstance(v, int | float)}
+    return clean, utilized
+
+
+# -- agent -> daemon ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    """An agent (re)registers its node, with what it runs and the events not acknowledged yet."""
+
+    KIND: ClassVar[str] = Kind.REGISTER
+    node: NodeConfigured
+    running: tuple[ProcessKey, ...] = ()
+    events: tuple[TaskEvent, ...] = ()
+    seq: int = 0
+    values: Mapping[str, int | float | str] | None = None
+    utilized: dict[str, float] | None = None
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "node": self.node.to_wire(),
+            "running": [list(k) for k in self.running],
+            "events": [e.to_wire() for e in self.events],
+            "seq": self.seq,
+            "values": self.values or {},
+            "utilized": self.utilized or {},
+        }
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        values, utilized = _measures(body)
+        return cls(
+            NodeConfigured.from_wire(field(body, "node", dict)),
+            _keys(body, "running"),
+            _events(body, required=False),
+            opt_field(body, "seq", int, 0),
+            values,
+            utilized,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    KIND: ClassVar[str] = Kind.HEARTBEAT
+    load: tuple[float, ...] = ()
+    values: Mapping[str, int | float | str] | None = None
+    utilized: dict[str, float] | None = None
+
+    def body(self) -> dict[str, Any]:
+        return {"load": list(self.load), "values": self.values or {}, "utilized": self.utilized or {}}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        load = body.get("load")
+        ok = isinstance(load, list) and all(isinstance(x, int | float) and not isinstance(x, bool) for x in load)
+        values, utilized = _measures(body)
+        return cls(tuple(float(x) for x in load[:3]) if ok else (), values, utilized)  # type: ignore[index]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEvents:
+    KIND: ClassVar[str] = Kind.TASK_EVENTS
+    events: tuple[TaskEvent, ...]
+    seq: int = 0
+
+    def body(self) -> dict[str, Any]:
+        return {"events": [e.to_wire() for e in self.events], "seq": self.seq}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        return cls(_events(body, required=True), opt_field(body, "seq", int, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    KIND: ClassVar[str] = Kind.BYE
+    node: str = ""
+
+    def body(self) -> dict[str, Any]:
+        return {"node": self.node}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        return cls(opt_field(body, "node", str, ""))
+
+
+# -- daemon -> agent ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    KIND: ClassVar[str] = Kind.REGISTERED
+    heartbeat_interval: float
+    acked: int = 0
+
+    def body(self) -> dict[str, Any]:
+        return {"heartbeat_interval": self.heartbeat_interval, "acked": self.acked}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        interval = float(field(body, "heartbeat_interval", (int, float)))
+        if not 0.01 <= interval <= 3600:  # NaN included: never again, or every loop turn, is no heartbeat
+            raise ProtocolError(f"heartbeat_interval {interval!r} is not between 0.01 and 3600 s")
+        return cls(interval, opt_field(body, "acked", int, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    """``known``: the daemon knows this agent (else it must register again); ``acked``: events handled."""
+
+    KIND: ClassVar[str] = Kind.HEARTBEAT
+    known: bool
+    acked: int = 0
+
+    def body(self) -> dict[str, Any]:
+        return {"known": True, "acked": self.acked} if self.known else {"known": False}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        return cls(opt_field(body, "known", bool, True), opt_field(body, "acked", int, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    KIND: ClassVar[str] = Kind.LAUNCH
+    orders: tuple[ProcessOrder, ...]
+
+    def body(self) -> dict[str, Any]:
+        return {"orders": [o.to_wire() for o in self.orders]}
+
+    @staticmethod
+    def frame(orders: list[dict[str, Any]]) -> bytes:
+        """The frame of orders already in their wire form (as the journal keeps them): encoded once."""
+        return encode_frame(Kind.LAUNCH, {"orders": orders})
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        return cls(tuple(ProcessOrder.from_wire(o) for o in field(body, "orders", list)))
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    KIND: ClassVar[str] = Kind.KILL
+    keys: tuple[ProcessKey, ...]
+    reason: str
+
+    def body(self) -> dict[str, Any]:
+        return {"keys": [list(k) for k in self.keys], "reason": self.reason}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        return cls(_keys(body), field(body, "reason", str))
+
+
+@dataclass(frozen=True, slots=True)
+class Withdraw:
+    """Take back orders still waiting for their cores; each one taken back is reported ``withdrawn``."""
+
+    KIND: ClassVar[str] = Kind.WITHDRAW
+    keys: tuple[ProcessKey, ...]
+
+    def body(self) -> dict[str, Any]:
+        return {"keys": [list(k) for k in self.keys]}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        return cls(_keys(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    KIND: ClassVar[str] = Kind.STOP
+    reason: str = "pilot stopping"
+
+    def body(self) -> dict[str, Any]:
+        return {"reason": self.reason}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        return cls(opt_field(body, "reason", str, "pilot stopping"))
+
+
+# -- client -> daemon -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Jobs, each a PSI/J description (checked by ``JobDescription.from_wire``) or ``{"sss": document}``;
+    ``keys``: the client's name for each job (pipelined submits), so a resent one is never made twice."""
+
+    KIND: ClassVar[str] = Kind.SUBMIT
+    rid: int
+    jobs: list[Any]
+    keys: list[str | None] | None = None
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rid": self.rid, "jobs": self.jobs}
+        if self.keys is not None:
+            out["keys"] = self.keys
+        return out
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        jobs = field(body, "jobs", list)
+        keys: list[str | None] | None = opt_field(body, "keys", list)
+        if keys is not None:
+            if len(keys) != len(jobs):
+                raise ProtocolError(f"'keys' has {len(keys)} entries for {len(jobs)} jobs; send one per job (or null)")
+            for key in keys:
+                if key is not None and not (isinstance(key, str) and 0 < len(key) <= _KEY_CHARS):
+                    raise ProtocolError(f"a job key must be a string of 1 to {_KEY_CHARS} characters, not {key!r:.80}")
+        return cls(field(body, "rid", int), jobs, keys)
+
+
+@dataclass(frozen=True, slots=True)
+class _ByIds:
+    """A request about jobs named by their ids."""
+
+    KIND: ClassVar[str]
+    rid: int
+    ids: tuple[str, ...]
+
+    def body(self) -> dict[str, Any]:
+        return {"rid": self.rid, "ids": list(self.ids)}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        ids = field(body, "ids", list)
+        if not all(isinstance(v, str) for v in ids):
+            raise ProtocolError("field 'ids' must be a list of strings")
+        return cls(field(body, "rid", int), tuple(ids))
+
+
+class Cancel(_ByIds):
+    __slots__ = ()
+    KIND = Kind.CANCEL
+
+
+class Attach(_ByIds):
+    """Follow jobs: their statuses come to this connection from now on."""
+
+    __slots__ = ()
+    KIND = Kind.ATTACH
+
+
+class Explain(_ByIds):
+    """Why jobs wait (or how they ended)."""
+
+    __slots__ = ()
+    KIND = Kind.EXPLAIN
+
+
+class Show(_ByIds):
+    """Jobs as SSS Job XML, with State, Delivered and placed Tasks."""
+
+    __slots__ = ()
+    KIND = Kind.SHOW
+
+
+class Release(_ByIds):
+    """Lift an SSS <Hold>."""
+
+    __slots__ = ()
+    KIND = Kind.RELEASE
+
+
+@dataclass(frozen=True, slots=True)
+class _About:
+    """A request about the pilot itself."""
+
+    KIND: ClassVar[str]
+    rid: int
+
+    def body(self) -> dict[str, Any]:
+        return {"rid": self.rid}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        return cls(field(body, "rid", int))
+
+
+class Hello(_About):
+    __slots__ = ()
+    KIND = Kind.HELLO
+
+
+class ListJobs(_About):
+    __slots__ = ()
+    KIND = Kind.LIST
+
+
+class Status(_About):
+    __slots__ = ()
+    KIND = Kind.STATUS
+
+
+class Nodes(_About):
+    """The nodes as SSS Node XML."""
+
+    __slots__ = ()
+    KIND = Kind.NODES
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Stop the pilot; with ``drain``, refuse new jobs and stop once every accepted one has ended."""
+
+    KIND: ClassVar[str] = Kind.SHUTDOWN
+    rid: int
+    drain: bool = False
+
+    def body(self) -> dict[str, Any]:
+        return {"rid": self.rid, "drain": self.drain}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        return cls(field(body, "rid", int), opt_field(body, "drain", bool, False))
+
+
+ClientRequest = Submit | Cancel | Attach | Explain | Show | Release | Hello | ListJobs | Status | Nodes | Shutdown
+
+TO_DAEMON_FROM_CLIENT: Mapping[str, type[Body]] = {
+    c.KIND: c for c in (Submit, Cancel, Attach, Explain, Show, Release, Hello, ListJobs, Status, Nodes, Shutdown)
+}
+
+_CLIENT_KINDS = frozenset(TO_DAEMON_FROM_CLIENT)
+
+
+def decode_request(frame: bytes) -> tuple[int, Body | ProtocolError]:
+    """A client's request: its rid and the typed request, or the error that makes it unreadable, saying
+    which kind of request it is (the rid is known, so the client hears why). A frame without a readable
+    rid raises ProtocolError."""
+    m = decode_frame(frame, allowed=_CLIENT_KINDS)
+    rid: int = field(m.body, "rid", int)
+    try:
+        return rid, TO_DAEMON_FROM_CLIENT[m.kind].from_body(m.body)
+    except ProtocolError as exc:
+        return rid, ProtocolError(f"bad {m.kind} request: {exc}")
+
+
+TO_DAEMON_FROM_AGENT: Mapping[str, type[Body]] = {
+    Kind.REGISTER: Register,
+    Kind.HEARTBEAT: Heartbeat,
+    Kind.TASK_EVENTS: TaskEvents,
+    Kind.BYE: Bye,
+}
+TO_AGENT: Mapping[str, type[Body]] = {
+    Kind.REGISTERED: Registered,
+    Kind.HEARTBEAT: HeartbeatReply,
+    Kind.LAUNCH: Launch,
+    Kind.KILL: Kill,
+    Kind.WITHDRAW: Withdraw,
+    Kind.STOP: Stop,
+}
+
+AgentMessage = Register | Heartbeat | TaskEvents | Bye

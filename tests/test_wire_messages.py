@@ -1,0 +1,130 @@
+"""The typed messages (pilot/wire/messages.py): each kind round-trips through its frame, each side
+accepts only its own kinds, and a hostile body is refused with a ProtocolError that names the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pilot import wire
+from pilot.model.node import NodeConfigured
+from pilot.model.process_order import ProcessOrder
+from pilot.wire import Kind, ProtocolError
+from pilot.wire import messages as m
+
+pytestmark = pytest.mark.timeout(30)
+
+NODE = NodeConfigured(name="n0", hostname="h0", processors=[0, 1], memory=1 << 30)
+EVENT = m.TaskEvent("7~1", 0, "exited", 12.5, {"exit_code": 0, "max_rss": 100})
+ORDER = ProcessOrder(job_id="7", slot=0, role="rank", executable="/bin/true", cores=[1], directory="/tmp")
+
+SAMPLES: list[Any] = [
+    m.Register(NODE, (("7", 0),), (EVENT,), 3, {"load_avg": 0.5}, {"cpu": 12.0}),
+    m.Heartbeat((0.5, 0.25, 0.125), {"mem_free": 10}, {"cpu": 1.0}),
+    m.TaskEvents((EVENT, m.TaskEvent("8", 2, "started", 1.0, {"pid": 5})), 9),
+    m.Bye("n0"),
+    m.Registered(1.0, 4),
+    m.HeartbeatReply(known=True, acked=2),
+    m.HeartbeatReply(known=False),
+    m.Launch((ORDER,)),
+    m.Kill((("7", 0), ("8~1", 3)), "canceled"),
+    m.Withdraw((("9", 0),)),
+    m.Stop("pilot stopped"),
+    m.Submit(1, [{"executable": "/bin/true"}], ["k-1"]),
+    m.Cancel(2, ("1", "2")),
+    m.Attach(3, ("1",)),
+    m.Explain(4, ("1",)),
+    m.Show(5, ("1",)),
+    m.Release(6, ("1",)),
+    m.Hello(7),
+    m.ListJobs(8),
+    m.Status(9),
+    m.Nodes(10),
+    m.Shutdown(11, drain=True),
+]
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda x: type(x).__name__)
+def test_each_message_round_trips_on_its_side(msg: Any) -> None:
+    frame = m.encode(msg)
+    if isinstance(msg, m.ClientRequest):
+        assert m.decode_request(frame) == (msg.rid, msg)
+        return
+    side = m.TO_AGENT if type(msg) in m.TO_AGENT.values() else m.TO_DAEMON_FROM_AGENT
+    assert m.decode(frame, side) == msg
+
+
+def test_each_side_refuses_the_other_sides_kinds() -> None:
+    with pytest.raises(ProtocolError, match="unknown message kind 'launch'"):
+        m.decode(m.encode(m.Launch((ORDER,))), m.TO_DAEMON_FROM_AGENT)
+    with pytest.raises(ProtocolError, match="unknown message kind 'register'"):
+        m.decode(m.encode(m.Register(NODE)), m.TO_AGENT)
+    with pytest.raises(ProtocolError, match="unknown message kind 'kill'"):
+        m.decode_request(m.encode(m.Kill((), "x")))
+
+
+def test_the_kind_tables_agree_with_the_codecs_sets() -> None:
+    assert set(m.TO_DAEMON_FROM_AGENT) == wire.AGENT_KINDS
+    assert set(m.TO_AGENT) == wire.TO_AGENT_KINDS | {Kind.HEARTBEAT}
+    assert set(m.TO_DAEMON_FROM_CLIENT) == wire.CLIENT_KINDS
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "says"),
+    [
+        (Kind.TASK_EVENTS, {"events": [["1", 0, "exited", 1.0]]}, "a task event is [job_id, slot, kind, time, data]"),
+        (Kind.TASK_EVENTS, {"events": [["1", True, "exited", 1.0, {}]]}, "a task event has wrong field types"),
+        (Kind.TASK_EVENTS, {"events": [["1", 0, "exploded", 1.0, {}]]}, "unknown task event kind 'exploded'"),
+        (Kind.TASK_EVENTS, {"events": "x"}, "field 'events' must be list"),
+        (Kind.REGISTER, {"node": NODE.to_wire(), "running": [["1"]]}, "running must be [job_id, slot] pairs"),
+        (Kind.REGISTER, {"running": []}, "missing field 'node'"),
+    ],
+)
+def test_hostile_agent_bodies_are_refused_whole(kind: str, body: dict[str, Any], says: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        m.decode(wire.encode(kind, body), m.TO_DAEMON_FROM_AGENT)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "says"),
+    [
+        (Kind.KILL, {"keys": [["1", "0"]], "reason": "x"}, "keys must be [job_id, slot] pairs"),
+        (Kind.KILL, {"keys": []}, "missing field 'reason'"),
+        (Kind.REGISTERED, {"heartbeat_interval": float("nan")}, "is not between 0.01 and 3600 s"),
+        (Kind.REGISTERED, {"heartbeat_interval": 0.0}, "is not between 0.01 and 3600 s"),
+        (Kind.LAUNCH, {"orders": "x"}, "field 'orders' must be list"),
+    ],
+)
+def test_hostile_daemon_bodies_are_refused(kind: str, body: dict[str, Any], says: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        m.decode(wire.encode(kind, body), m.TO_AGENT)
+    assert says in str(info.value)
+
+
+def test_a_bad_request_says_which_kind_and_keeps_its_rid() -> None:
+    rid, error = m.decode_request(wire.encode(Kind.CANCEL, {"rid": 5, "ids": [1]}))
+    assert rid == 5 and isinstance(error, ProtocolError)
+    assert str(error) == "bad cancel request: field 'ids' must be a list of strings"
+    with pytest.raises(ProtocolError, match="missing field 'rid'"):
+        m.decode_request(wire.encode(Kind.STATUS, {}))
+
+
+def test_heartbeat_measures_keep_only_well_typed_entries() -> None:
+    hb = m.Heartbeat.from_body({"load": [1, 2, 3, 4], "values": {"a": 1, "b": [1], 3: 4}, "utilized": "x"})
+    assert hb.load == (1.0, 2.0, 3.0) and hb.values == {"a": 1} and hb.utilized is None
+    assert m.Heartbeat.from_body({"load": [True]}).load == ()
+
+
+def test_status_report_is_checked() -> None:
+    assert m.StatusReport.from_wire(["1", "COMPLETED", 2, 0, None, {"a": 1}]) == (
+        "1",
+        "COMPLETED",
+        2.0,
+        0,
+        None,
+        {"a": 1},
+    )
+    with pytest.raises(ProtocolError, match="wrong field types"):
+        m.StatusReport.from_wire(["1", "COMPLETED", "now", 0, None, None])
