@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +49,7 @@ from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
 from pilot.scheduler.placement import RankPlacement
+from pilot.store_batch import Batch, unpack
 
 JOURNAL_FILE: Final = "journal.db"
 #: WAL size past which :meth:`Store.checkpoint_due` says so: SQLite's own threshold (1,000 pages of 4 KiB).
@@ -121,19 +122,8 @@ CREATE TABLE allocation (
 CREATE TABLE nodes (name TEXT PRIMARY KEY, config BLOB NOT NULL) WITHOUT ROWID;
 """
 
-_packer = msgpack.Packer(use_bin_type=True)
-
-
-def _pack(obj: Any) -> bytes:
-    return _packer.pack(obj)  # type: ignore[no-any-return]
-
-
 #: Keys the daemon adds to a journaled description: the SSS document, resolved dependency edges, Hold.
 SSS_KEYS: Final = ("sss", "edges", "hold")
-
-
-def _unpack(blob: bytes) -> Any:
-    return msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=True)
 
 
 class JournalError(Exception):
@@ -162,217 +152,6 @@ class Recovered:
 
     #: ``Batch.meta`` values (e.g. the endpoint the agents connect to).
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-#: A new job's row in ``Batch._accepted`` (the INSERT's columns): id, seq, description, submitted, then
-#: from here the fields ``job_update`` rewrites (state ... attempt), then the placement (ranks), then
-#: the client's key.
-_CHANGING: Final = 4
-_RANKS: Final = 15
-_KEY: Final = 16
-
-
-class Batch:
-    """The changes of one flush, written in one transaction when the ``with`` block ends.
-
-    Calls only append to lists (no SQL) so a batch that raises leaves nothing behind, and a big
-    batch is written with one ``executemany`` per kind of change."""
-
-    __slots__ = (
-        "_accepted",
-        "_accepted_at",
-        "_alloc",
-        "_dispatched",
-        "_envs",
-        "_meta",
-        "_nodes",
-        "_requeued",
-        "_results",
-        "_updates",
-    )
-
-    def __init__(self) -> None:
-        #: New jobs' full rows: a job placed (or ended) in the batch that accepted it is written by one
-        #: INSERT, not an INSERT and an UPDATE.
-        self._accepted: list[tuple[Any, ...]] = []
-        self._accepted_at: dict[str, int] = {}  # job id -> its row in _accepted
-        self._dispatched: list[tuple[Any, ...]] = []
-        self._results: list[tuple[Any, ...]] = []
-        self._envs: list[tuple[Any, ...]] = []
-        self._alloc: dict[int, tuple[Any, ...]] = {}
-        self._requeued: list[tuple[str]] = []
-        self._updates: list[tuple[Any, ...]] = []
-        self._nodes: list[tuple[str, bytes]] = []
-        self._meta: list[tuple[str, bytes]] = []
-
-    def job_accepted(
-        self,
-        job_id: str,
-        seq: int,
-        description: JobDescription | Mapping[str, Any],
-        submitted: float,
-        *,
-        state: JobState = JobState.QUEUED,
-        key: str | None = None,
-    ) -> None:
-        """A job the daemon accepted. ``description`` may be the validated wire map the client sent,
-        which saves re-encoding it (``JobDescription.from_wire`` accepted it, so it loads back).
-        ``key``: the client's name for the job (:meth:`Store.jobs_by_key` finds it)."""
-        raw = description.to_wire() if isinstance(description, JobDescription) else description
-        self._accepted_at[job_id] = len(self._accepted)
-        changing = (state.value, submitted, None, None, None, "queued", None, None, None, 0, 0)  # as job_update's
-        self._accepted.append((job_id, seq, _pack(raw), submitted, *changing, None, key))
-
-    def job_update(self, job: JobRecord, *, placed: bool = False) -> None:
-        """The job's row as it is now: state (and, once final, exit code, message and Delivered), phase,
-        timing, cancel reason, attempt; its placement too when ``placed`` (it changed). One statement per
-        changed job per flush, whatever changed."""
-        meta = _pack(dict(job.metadata)) if job.final and job.metadata else None
-        run = job.run
-        ranks = _pack_ranks(run.ranks) if placed else None
-        fields = (
-            job.state.value,
-            job.state_time,
-            job.exit_code,
-            job.message,
-            meta,
-            job.phase.journaled,
-            run.started,
-            run.ended,
-            job.cancel_reason,
-            int(job.closing),
-            run.number,
-        )
-        at = self._accepted_at.get(job.id)
-        if at is not None:
-            row = self._accepted[at]
-            self._accepted[at] = (*row[:_CHANGING], *fields, ranks if placed else row[_RANKS], row[_KEY])
-            return
-        self._updates.append((*fields, ranks, job.id))
-
-    def job_requeued(self, job_id: str) -> None:
-        """The job goes back to the queue for another attempt: its placement, processes and results so
-        far are forgotten (changes for it earlier in this batch included), the new attempt's are kept."""
-        self._updates = [(*t[:-2], None, t[-1]) if t[-1] == job_id else t for t in self._updates]
-        at = self._accepted_at.get(job_id)
-        if at is not None:
-            row = self._accepted[at]
-            self._accepted[at] = (*row[:_RANKS], None, row[_KEY])
-        self._envs = [t for t in self._envs if t[-1] != job_id]
-        self._dispatched = [t for t in self._dispatched if t[0] != job_id]
-        self._results = [t for t in self._results if t[0] != job_id]
-        self._requeued.append((job_id,))
-
-    def node_registered(self, node: NodeConfigured) -> None:
-        """A node's agent registered: a restarted daemon expects it back."""
-        self._nodes.append((node.name, _pack(node.to_wire())))
-
-    def meta(self, key: str, value: Any) -> None:
-        """A daemon-wide value (msgpack-able) kept across restarts."""
-        self._meta.append((key, _pack(value)))
-
-    def process_dispatched(
-        self, job_id: str, plan: PlannedProcess, *, order_wire: Mapping[str, Any] | None = None
-    ) -> None:
-        """A process order sent (or about to be sent) to an agent; outstanding until its result.
-        ``order_wire``: the order's wire form when the caller has it already (it is what is sent)."""
-        wire = plan.order.to_wire() if order_wire is None else order_wire
-        self._dispatched.append((job_id, plan.order.slot, plan.node, _pack(wire), _pack(plan.holds)))
-
-    def process_result(self, job_id: str, slot: int, result: ProcessResult) -> None:
-        """How one process ended (or why it never started)."""
-        data = _pack(result.data) if result.data else None
-        self._results.append(
-            (
-                job_id,
-                slot,
-                result.node,
-                result.role,
-                result.exit_code,
-                result.signal,
-                result.message,
-                result.reason,
-                data,
-            )
-        )
-
-    def pre_launch_environment(self, job_id: str, environment: Mapping[str, str] | None, unset: Sequence[str]) -> None:
-        """What the job's pre_launch script set and unset: the rank phase needs it, also after a restart."""
-        env = None if environment is None else _pack(dict(environment))
-        self._envs.append((env, _pack(list(unset)), job_id))
-
-    def allocation(self, a: Allocation, *, key: str = "a1", site: str = "main") -> None:
-        """An allocation as it is now: a restarted daemon re-attaches to it instead of asking again."""
-        self._alloc[int(key[1:])] = (
-            int(key[1:]),
-            a.lrm,
-            a.native_id,
-            a.state.value,
-            a.nodes,
-            a.submitted,
-            a.started,
-            a.walltime,
-            _pack([n.to_wire() for n in a.expected_nodes]),
-            _pack(list(a.hosts)),
-            a.message,
-            _pack(dict(a.detail)),
-            site,
-        )
-
-    def _write(self, db: sqlite3.Connection) -> None:
-        if self._requeued:  # first: the new attempt's records below must survive
-            db.executemany("DELETE FROM processes WHERE job_id = ?", self._requeued)
-            db.executemany("DELETE FROM results WHERE job_id = ?", self._requeued)
-            db.executemany(
-                "UPDATE jobs SET ranks = NULL, environment = NULL, unset = NULL WHERE id = ?", self._requeued
-            )
-        if self._accepted:
-            # The next sequence number is max(seq) + 1 when loading (job rows are never deleted); an
-            # older journal's meta 'seq' row is still read.
-            db.executemany(
-                "INSERT INTO jobs (id, seq, description, submitted, state, state_time, exit_code, message, metadata,"
-                " phase, started, ended, cancel_reason, closing, attempt, ranks, key)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                self._accepted,
-            )
-        if self._envs:
-            db.executemany("UPDATE jobs SET environment = ?, unset = ? WHERE id = ?", self._envs)
-        if self._dispatched:
-            db.executemany("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?, ?)", self._dispatched)
-        if self._results:
-            db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", self._results)
-        if self._updates:
-            db.executemany(
-                "UPDATE jobs SET state = ?, state_time = ?, exit_code = ?, message = ?, metadata = ?, phase = ?, "
-                "started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ?, ranks = coalesce(?, ranks) "
-                "WHERE id = ?",
-                self._updates,
-            )
-        if self._alloc:
-            db.executemany(
-                "INSERT OR REPLACE INTO allocation VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self._alloc.values()
-            )
-        if self._nodes:
-            db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?)", self._nodes)
-        if self._meta:
-            db.executemany(
-                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                self._meta,
-            )
-
-    @property
-    def empty(self) -> bool:
-        return not (
-            self._accepted
-            or self._dispatched
-            or self._results
-            or self._envs
-            or self._alloc
-            or self._requeued
-            or self._updates
-            or self._nodes
-            or self._meta
-        )
 
 
 class Store:
@@ -469,7 +248,7 @@ class Store:
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
-                tx._write(db)
+                tx.write(db)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
@@ -545,7 +324,7 @@ class Store:
                 un,
             ) = row
             try:
-                raw = _unpack(desc)
+                raw = unpack(desc)
                 extra = {k: raw.pop(k) for k in SSS_KEYS if isinstance(raw, dict) and k in raw}
                 description = JobDescription.from_wire(raw)
             except Exception as exc:
@@ -555,7 +334,7 @@ class Store:
             job.state_time = st
             job.exit_code = code
             job.message = msg
-            job.metadata = _unpack(meta) if meta is not None else {}
+            job.metadata = unpack(meta) if meta is not None else {}
             job.phase = Phase.from_journal(phase)
             run = job.run
             run.started = started
@@ -564,9 +343,9 @@ class Store:
             job.closing = bool(closing)
             run.number = int(attempt)
             if ranks is not None:
-                run.ranks = [RankPlacement(n, list(c), list(g), int(m), bool(b)) for n, c, g, m, b in _unpack(ranks)]
-            run.environment = _unpack(env) if env is not None else None
-            run.unset = _unpack(un) if un is not None else []
+                run.ranks = [RankPlacement(n, list(c), list(g), int(m), bool(b)) for n, c, g, m, b in unpack(ranks)]
+            run.environment = unpack(env) if env is not None else None
+            run.unset = unpack(un) if un is not None else []
             jobs[jid] = job
             if type(seq) is not int:  # the next job's id comes from it: a damaged one must not be used
                 raise ValueError(f"job {jid}: sequence number {seq!r} is not an integer")
@@ -580,15 +359,13 @@ class Store:
                     signal=sig,
                     message=msg,
                     reason=reason,
-                    data=_unpack(data) if data else {},
+                    data=unpack(data) if data else {},
                 )
         for jid, slot, node, order, holds in db.execute("SELECT * FROM processes"):
             owner = jobs.get(jid)
             if owner is None or owner.final or slot in owner.run.results:
                 continue  # done: only outstanding processes are rebuilt
-            owner.run.processes[slot] = PlannedProcess(
-                node, ProcessOrder.from_wire(_unpack(order)), list(_unpack(holds))
-            )
+            owner.run.processes[slot] = PlannedProcess(node, ProcessOrder.from_wire(unpack(order)), list(unpack(holds)))
         for job in jobs.values():
             job.run.taken = _taken(job)
         out.jobs = list(jobs.values())
@@ -615,18 +392,18 @@ class Store:
                 lrm=lrm,
                 state=AllocationState(state),
                 nodes=nodes,
-                expected_nodes=[NodeConfigured.from_wire(n) for n in _unpack(expected)],
+                expected_nodes=[NodeConfigured.from_wire(n) for n in unpack(expected)],
                 message=message,
                 submitted=submitted,
                 started=started,
                 walltime=walltime,
-                hosts=list(_unpack(hosts)),
-                detail=dict(_unpack(detail)) if detail is not None else {},
+                hosts=list(unpack(hosts)),
+                detail=dict(unpack(detail)) if detail is not None else {},
             )
             out.allocations.append((f"a{int(num)}", str(site), a))
-        out.nodes = [NodeConfigured.from_wire(_unpack(c)) for _, c in db.execute("SELECT name, config FROM nodes")]
+        out.nodes = [NodeConfigured.from_wire(unpack(c)) for _, c in db.execute("SELECT name, config FROM nodes")]
         for key, value in db.execute("SELECT key, value FROM meta WHERE key != 'seq'"):
-            out.meta[key] = _unpack(value)
+            out.meta[key] = unpack(value)
         return out
 
     def jobs_by_key(self, keys: Sequence[str]) -> dict[str, str]:
@@ -677,11 +454,11 @@ class Store:
             return None
         desc, state, t, code, message, meta, submitted, started, ended = row
         try:
-            raw = _unpack(desc)
+            raw = unpack(desc)
         except (ValueError, TypeError, msgpack.UnpackException):
             raw = None
         try:
-            metadata = _unpack(meta) if meta is not None else None
+            metadata = unpack(meta) if meta is not None else None
         except (ValueError, TypeError, msgpack.UnpackException):
             metadata = None
         status = [job_id, state, t, code, message, metadata or None]
@@ -709,10 +486,6 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _pack_ranks(ranks: Sequence[RankPlacement]) -> bytes:
-    return _pack([[r.node, r.cores, r.gpus, r.memory, r.behind] for r in ranks])
 
 
 def _taken(job: JobRecord) -> list[bool]:

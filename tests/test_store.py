@@ -23,7 +23,8 @@ from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import PRE, ProcessOrder
 from pilot.scheduler.placement import RankPlacement
-from pilot.store import SCHEMA_VERSION, Batch, JournalError, Store
+from pilot.store import SCHEMA_VERSION, JournalError, Store
+from pilot.store_batch import Batch
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from pilot.store import Batch
+from pilot.store_batch import Batch
 from pilot.wire.messages import Body
 
 

@@ -17,7 +17,8 @@ from pilot.lrm.base import Allocation, AllocationState
 from pilot.model.job_description import JobDescription, ResourceRequest
 from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
-from pilot.store import Batch, Store
+from pilot.store import Store
+from pilot.store_batch import Batch
 from pilot.wire.messages import Heartbeat, Register, TaskEvent, TaskEvents
 
 CLIENT = b"client-1"

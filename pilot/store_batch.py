@@ -1,0 +1,243 @@
+"""The changes of one flush, as the journal writes them: gathered without SQL while the core works, then
+written by :meth:`pilot.store.Store.commit` in one transaction, one ``executemany`` per kind of change."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import msgpack
+
+from pilot.jobs import JobRecord, ProcessResult
+from pilot.launchers.base import PlannedProcess
+from pilot.lrm.base import Allocation
+from pilot.model.job_description import JobDescription
+from pilot.model.job_state import JobState
+from pilot.model.node import NodeConfigured
+from pilot.scheduler.placement import RankPlacement
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def pack(obj: Any) -> bytes:
+    return _packer.pack(obj)  # type: ignore[no-any-return]
+
+
+def unpack(blob: bytes) -> Any:
+    return msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=True)
+
+
+def _pack_ranks(ranks: Sequence[RankPlacement]) -> bytes:
+    return pack([[r.node, r.cores, r.gpus, r.memory, r.behind] for r in ranks])
+
+
+#: A new job's row in ``Batch._accepted`` (the INSERT's columns): id, seq, description, submitted, then
+#: from here the fields ``job_update`` rewrites (state ... attempt), then the placement (ranks), then
+#: the client's key.
+_CHANGING: Final = 4
+_RANKS: Final = 15
+_KEY: Final = 16
+
+
+class Batch:
+    """The changes of one flush, written in one transaction when the ``with`` block ends.
+
+    Calls only append to lists (no SQL) so a batch that raises leaves nothing behind, and a big
+    batch is written with one ``executemany`` per kind of change."""
+
+    __slots__ = (
+        "_accepted",
+        "_accepted_at",
+        "_alloc",
+        "_dispatched",
+        "_envs",
+        "_meta",
+        "_nodes",
+        "_requeued",
+        "_results",
+        "_updates",
+    )
+
+    def __init__(self) -> None:
+        #: New jobs' full rows: a job placed (or ended) in the batch that accepted it is written by one
+        #: INSERT, not an INSERT and an UPDATE.
+        self._accepted: list[tuple[Any, ...]] = []
+        self._accepted_at: dict[str, int] = {}  # job id -> its row in _accepted
+        self._dispatched: list[tuple[Any, ...]] = []
+        self._results: list[tuple[Any, ...]] = []
+        self._envs: list[tuple[Any, ...]] = []
+        self._alloc: dict[int, tuple[Any, ...]] = {}
+        self._requeued: list[tuple[str]] = []
+        self._updates: list[tuple[Any, ...]] = []
+        self._nodes: list[tuple[str, bytes]] = []
+        self._meta: list[tuple[str, bytes]] = []
+
+    def job_accepted(
+        self,
+        job_id: str,
+        seq: int,
+        description: JobDescription | Mapping[str, Any],
+        submitted: float,
+        *,
+        state: JobState = JobState.QUEUED,
+        key: str | None = None,
+    ) -> None:
+        """A job the daemon accepted. ``description`` may be the validated wire map the client sent,
+        which saves re-encoding it (``JobDescription.from_wire`` accepted it, so it loads back).
+        ``key``: the client's name for the job (:meth:`Store.jobs_by_key` finds it)."""
+        raw = description.to_wire() if isinstance(description, JobDescription) else description
+        self._accepted_at[job_id] = len(self._accepted)
+        changing = (state.value, submitted, None, None, None, "queued", None, None, None, 0, 0)  # as job_update's
+        self._accepted.append((job_id, seq, pack(raw), submitted, *changing, None, key))
+
+    def job_update(self, job: JobRecord, *, placed: bool = False) -> None:
+        """The job's row as it is now: state (and, once final, exit code, message and Delivered), phase,
+        timing, cancel reason, attempt; its placement too when ``placed`` (it changed). One statement per
+        changed job per flush, whatever changed."""
+        meta = pack(dict(job.metadata)) if job.final and job.metadata else None
+        run = job.run
+        ranks = _pack_ranks(run.ranks) if placed else None
+        fields = (
+            job.state.value,
+            job.state_time,
+            job.exit_code,
+            job.message,
+            meta,
+            job.phase.journaled,
+            run.started,
+            run.ended,
+            job.cancel_reason,
+            int(job.closing),
+            run.number,
+        )
+        at = self._accepted_at.get(job.id)
+        if at is not None:
+            row = self._accepted[at]
+            self._accepted[at] = (*row[:_CHANGING], *fields, ranks if placed else row[_RANKS], row[_KEY])
+            return
+        self._updates.append((*fields, ranks, job.id))
+
+    def job_requeued(self, job_id: str) -> None:
+        """The job goes back to the queue for another attempt: its placement, processes and results so
+        far are forgotten (changes for it earlier in this batch included), the new attempt's are kept."""
+        self._updates = [(*t[:-2], None, t[-1]) if t[-1] == job_id else t for t in self._updates]
+        at = self._accepted_at.get(job_id)
+        if at is not None:
+            row = self._accepted[at]
+            self._accepted[at] = (*row[:_RANKS], None, row[_KEY])
+        self._envs = [t for t in self._envs if t[-1] != job_id]
+        self._dispatched = [t for t in self._dispatched if t[0] != job_id]
+        self._results = [t for t in self._results if t[0] != job_id]
+        self._requeued.append((job_id,))
+
+    def node_registered(self, node: NodeConfigured) -> None:
+        """A node's agent registered: a restarted daemon expects it back."""
+        self._nodes.append((node.name, pack(node.to_wire())))
+
+    def meta(self, key: str, value: Any) -> None:
+        """A daemon-wide value (msgpack-able) kept across restarts."""
+        self._meta.append((key, pack(value)))
+
+    def process_dispatched(
+        self, job_id: str, plan: PlannedProcess, *, order_wire: Mapping[str, Any] | None = None
+    ) -> None:
+        """A process order sent (or about to be sent) to an agent; outstanding until its result.
+        ``order_wire``: the order's wire form when the caller has it already (it is what is sent)."""
+        wire = plan.order.to_wire() if order_wire is None else order_wire
+        self._dispatched.append((job_id, plan.order.slot, plan.node, pack(wire), pack(plan.holds)))
+
+    def process_result(self, job_id: str, slot: int, result: ProcessResult) -> None:
+        """How one process ended (or why it never started)."""
+        data = pack(result.data) if result.data else None
+        self._results.append(
+            (
+                job_id,
+                slot,
+                result.node,
+                result.role,
+                result.exit_code,
+                result.signal,
+                result.message,
+                result.reason,
+                data,
+            )
+        )
+
+    def pre_launch_environment(self, job_id: str, environment: Mapping[str, str] | None, unset: Sequence[str]) -> None:
+        """What the job's pre_launch script set and unset: the rank phase needs it, also after a restart."""
+        env = None if environment is None else pack(dict(environment))
+        self._envs.append((env, pack(list(unset)), job_id))
+
+    def allocation(self, a: Allocation, *, key: str = "a1", site: str = "main") -> None:
+        """An allocation as it is now: a restarted daemon re-attaches to it instead of asking again."""
+        self._alloc[int(key[1:])] = (
+            int(key[1:]),
+            a.lrm,
+            a.native_id,
+            a.state.value,
+            a.nodes,
+            a.submitted,
+            a.started,
+            a.walltime,
+            pack([n.to_wire() for n in a.expected_nodes]),
+            pack(list(a.hosts)),
+            a.message,
+            pack(dict(a.detail)),
+            site,
+        )
+
+    def write(self, db: sqlite3.Connection) -> None:
+        if self._requeued:  # first: the new attempt's records below must survive
+            db.executemany("DELETE FROM processes WHERE job_id = ?", self._requeued)
+            db.executemany("DELETE FROM results WHERE job_id = ?", self._requeued)
+            db.executemany(
+                "UPDATE jobs SET ranks = NULL, environment = NULL, unset = NULL WHERE id = ?", self._requeued
+            )
+        if self._accepted:
+            # The next sequence number is max(seq) + 1 when loading (job rows are never deleted); an
+            # older journal's meta 'seq' row is still read.
+            db.executemany(
+                "INSERT INTO jobs (id, seq, description, submitted, state, state_time, exit_code, message, metadata,"
+                " phase, started, ended, cancel_reason, closing, attempt, ranks, key)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self._accepted,
+            )
+        if self._envs:
+            db.executemany("UPDATE jobs SET environment = ?, unset = ? WHERE id = ?", self._envs)
+        if self._dispatched:
+            db.executemany("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?, ?)", self._dispatched)
+        if self._results:
+            db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", self._results)
+        if self._updates:
+            db.executemany(
+                "UPDATE jobs SET state = ?, state_time = ?, exit_code = ?, message = ?, metadata = ?, phase = ?, "
+                "started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ?, ranks = coalesce(?, ranks) "
+                "WHERE id = ?",
+                self._updates,
+            )
+        if self._alloc:
+            db.executemany(
+                "INSERT OR REPLACE INTO allocation VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self._alloc.values()
+            )
+        if self._nodes:
+            db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?)", self._nodes)
+        if self._meta:
+            db.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                self._meta,
+            )
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self._accepted
+            or self._dispatched
+            or self._results
+            or self._envs
+            or self._alloc
+            or self._requeued
+            or self._updates
+            or self._nodes
+            or self._meta
+        )
