@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 from pilot.model.node import NodeConfigured
 from pilot.model.sss import Job, Properties, Property, TaskGroup, effective_jobs
+from pilot.scheduler.cluster import Cluster, MatchNode
 from pilot.scheduler.distribution import JobRequest, Resources, SchedulingPass, release, resolve_job
-from pilot.scheduler.matching import Cluster, Matcher, MatchNode
+from pilot.scheduler.matching import Matcher
 from pilot.scheduler.placement import NodeSlots
 
 

@@ -10,7 +10,7 @@ import socket
 from pilot.config import Config
 from pilot.model.node import NodeConfigured
 from pilot.scheduler.attributes import AttributeRegistry
-from pilot.scheduler.matching import Cluster, MatchNode
+from pilot.scheduler.cluster import Cluster, MatchNode
 
 
 def resource_key(name: str) -> str:

@@ -19,9 +19,9 @@ from pilot.model.sss import Dependency, EffectiveJob, EffectiveTaskGroup, Job, J
 from pilot.model.sss.execution import RlimitSetting, Streams, rlimit_settings, streams
 from pilot.model.sss.job import merge
 from pilot.model.sss.psij import description
+from pilot.scheduler.cluster import Cluster
 from pilot.scheduler.dag import NewJob
 from pilot.scheduler.distribution import JobPlacement, JobRequest, resolve_job
-from pilot.scheduler.matching import Cluster
 
 #: Launchers a task group may name; ``multiple`` (one process per task) when it names none.
 GROUP_LAUNCHERS: Final = ("multiple", "mpirun", "srun")

@@ -25,6 +25,7 @@ from pilot.scheduler.attributes import (
     ConsumableLedger,
     Relop,
 )
+from pilot.scheduler.cluster import Cluster, MatchNode
 from pilot.scheduler.distribution import (
     JobPlacement,
     JobRequest,
@@ -38,7 +39,7 @@ from pilot.scheduler.distribution import (
     shares,
     why_not,
 )
-from pilot.scheduler.matching import Cluster, Matcher, MatchNode
+from pilot.scheduler.matching import Matcher
 
 P = Property.of
 GiB = 2**30

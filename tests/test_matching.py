@@ -8,15 +8,9 @@ import pytest
 from pilot.model.node import NodeConfigured
 from pilot.model.sss import Properties, Property, SssError
 from pilot.scheduler.attributes import AttributeDefinition, AttributeRegistry, AttributeType, Relop
-from pilot.scheduler.matching import (
-    Cluster,
-    Matcher,
-    MatchNode,
-    NodeRequirement,
-    compile_requirements,
-    expand_range,
-    uncached_candidates,
-)
+from pilot.scheduler.cluster import Cluster, MatchNode
+from pilot.scheduler.matching import Matcher, NodeRequirement, compile_requirements, uncached_candidates
+from pilot.scheduler.terms import expand_range
 
 P = Property.of
 GiB = 2**30

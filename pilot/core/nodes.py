@@ -23,8 +23,9 @@ from pilot.model.job_description import DescriptionError, JobDescription
 from pilot.model.node import NodeConfigured
 from pilot.scheduler import NodeSlots, never_fits
 from pilot.scheduler.attributes import ConsumableLedger
+from pilot.scheduler.cluster import Cluster
 from pilot.scheduler.distribution import Resources, why_not
-from pilot.scheduler.matching import Cluster, Matcher
+from pilot.scheduler.matching import Matcher
 from pilot.sss_jobs import SssJob
 
 log = structlog.get_logger("pilot.core")

@@ -31,9 +31,9 @@ from pilot.launchers.base import Launcher
 from pilot.model.job_description import DescriptionError
 from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
+from pilot.scheduler.cluster import Cluster
 from pilot.scheduler.dag import edges_from_wire
 from pilot.scheduler.distribution import JobPlacement, TaskPlacement
-from pilot.scheduler.matching import Cluster
 from pilot.scheduler.placement import RankPlacement
 from pilot.sss_jobs import SssJob, prepare, read_submission
 from pilot.wire.messages import AgentMessage, Stop

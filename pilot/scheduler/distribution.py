@@ -36,16 +36,8 @@ from pilot.model.job_description import ResourceRequest
 from pilot.model.sss.errors import SssError
 from pilot.model.sss.job import EffectiveJob, EffectiveTaskGroup, Property
 from pilot.scheduler.attributes import ConsumableKind, ConsumableLedger
-from pilot.scheduler.matching import (
-    Amounts,
-    Cluster,
-    Matcher,
-    MatchNode,
-    Need,
-    NodeRequirement,
-    compile_requirements,
-    uncached_candidates,
-)
+from pilot.scheduler.cluster import Cluster, MatchNode
+from pilot.scheduler.matching import Amounts, Matcher, Need, NodeRequirement, compile_requirements, uncached_candidates
 from pilot.scheduler.placement import NodeSlots, RankPlacement
 
 MAX_JOB_VARIANTS: Final = 16
