@@ -6,9 +6,7 @@ given up, by rid), ``_outbox`` (rids not handed to a socket yet, in order), ``_d
 hands the outbox to the socket, matches replies and gives requests up. ``_groups`` (the members of each
 group frame sent) and ``_last_answer`` are the I/O thread's only. A request's ``Done`` is set once,
 by whichever thread takes it out of ``_pending``: its one waiter then reads ``body`` or ``lost``.
-
-Group submit: SUBMIT requests that wait in the outbox together leave in one frame of up to
-``GROUP_JOBS`` jobs; the reply is cut back into each request's own results, hook call and errors.
+SUBMITs that wait in the outbox together are framed as one (group submit, ``client/_connection.py``).
 """
 
 from __future__ import annotations
