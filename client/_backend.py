@@ -2,7 +2,7 @@
 
 Connecting is lazy: creating an executor costs nothing until its first request (psij-python builds
 one of every registered executor at test collection). Every request waits at most ``request_timeout``
-seconds for its answer; a daemon that is gone is reported sooner (see ``client/_connection.py``), and
+seconds for its answer; a daemon that is gone is reported sooner (see ``client/_reader.py``), and
 the connection follows a daemon restarted on the same run directory by itself.
 """
 
@@ -22,8 +22,10 @@ from typing import Any
 import structlog
 
 from client import _embedded
-from client._connection import DEFAULT_REQUEST_TIMEOUT, Connection, StatusSink, Ticket
+from client._connection import Connection
+from client._delivery import StatusSink
 from client._pipeline import Pipeline
+from client._requests import DEFAULT_REQUEST_TIMEOUT, Ticket
 from client.exceptions import InvalidJobException, SubmitException
 from pilot import wire
 from pilot.rundir import RunDir

@@ -33,7 +33,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-from client._connection import GROUP_JOBS, Connection, StatusSink, Ticket
+from client._connection import Connection
+from client._delivery import StatusSink
+from client._requests import GROUP_JOBS, Ticket
 from client.exceptions import SubmitException
 
 #: Jobs a pipelined executor may have sent and not had answered: a few full frames (GROUP_JOBS).

@@ -7,7 +7,7 @@ default pilot, else an embedded one configured by ``PILOT_CONFIG``). The keyword
 ``request_timeout`` (seconds, default 10) bounds the wait for the pilot's answers, as for our own
 ``JobExecutor``; psij's ``get_instance`` cannot pass it, so construct ``PilotJobExecutor`` directly to
 change it. A daemon restarted on the same run directory is followed by itself (see
-``client/_connection.py``). ``pipelined`` (keyword-only, or a ``pipelined = True`` attribute set on
+``client/_reader.py``). ``pipelined`` (keyword-only, or a ``pipelined = True`` attribute set on
 the ``psij.JobExecutorConfig`` passed to ``get_instance``, or ``PILOT_PIPELINED=1`` in the environment)
 makes ``submit`` return before the pilot's answer, as our own ``JobExecutor(pipelined=True)`` does
 (``client/_pipeline.py``).
@@ -30,7 +30,8 @@ from typing import Any
 import psij
 
 from client._backend import Backend, pipelined_choice
-from client._connection import DEFAULT_REQUEST_TIMEOUT, StatusSink
+from client._delivery import StatusSink
+from client._requests import DEFAULT_REQUEST_TIMEOUT
 from client._translate import spec_to_wire
 from client.exceptions import InvalidJobException, SubmitException
 

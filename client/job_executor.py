@@ -28,7 +28,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from client._backend import Backend, Outcome, pipelined_choice
-from client._connection import DEFAULT_REQUEST_TIMEOUT, StatusSink
+from client._delivery import StatusSink
+from client._requests import DEFAULT_REQUEST_TIMEOUT
 from client._translate import spec_to_wire
 from client.exceptions import InvalidJobException, InvalidStateException, SubmitException
 from client.job import Job, JobStatusCallback

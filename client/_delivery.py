@@ -1,0 +1,148 @@
+"""The two worker threads, leader/follower, and the delivery of statuses to their jobs' sinks.
+
+The worker holding ``_reading`` (the reader's turn) is the I/O thread: only it reads the socket, and
+``_out`` (the statuses its turn routed or its hooks emitted, in order) is its own. When it has read
+statuses and nobody is delivering, it releases the turn (waking the other worker) and runs the sinks
+itself: a status reaches its callbacks with no thread hand-off, and a slow callback never stalls the
+socket. Shared under the table's ``_lock``: ``_ready`` (batches read and not delivered yet, in order:
+the reader appends, the worker delivering takes), ``_delivering`` (a worker runs callbacks, one batch
+at a time, in order) and ``_sinks`` (each followed job's sinks: callers subscribe, the reader pairs
+each status with them and drops them at a job's final status).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+import structlog
+
+from client._requests import RequestTable
+
+log = structlog.get_logger("client")
+
+StatusSink = Callable[[list[Any]], None]
+FINAL: Final = ("COMPLETED", "FAILED", "CANCELED")
+
+
+class Delivery(RequestTable):
+    """The reader's turn, taken by two workers in turn, and the sinks it feeds."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self._sinks: dict[str, list[StatusSink]] = {}
+        #: Batches of (status, the sinks it goes to) read and not delivered yet, in order (the reader
+        #: appends, the worker delivering takes them under ``_lock``).
+        self._ready: deque[list[tuple[list[Any], list[StatusSink]]]] = deque()
+        #: Statuses the reader routed or its hooks emitted in this turn, in order (the reader's only).
+        self._out: list[tuple[list[Any], list[StatusSink]]] = []
+        self._delivering = False  # a worker is running callbacks (under ``_lock``)
+        #: The reader's turn: held by the worker that reads the socket. Releasing it wakes the other.
+        self._reading = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self._stopped = False  # the reader has closed the socket for good (set with ``_reading`` held)
+
+    def subscribe(self, job_id: str, sink: StatusSink) -> None:
+        """Route status updates of ``job_id`` to ``sink`` until its final one, across reconnections.
+        Call from an ``on_reply`` hook to win the race with the job's first event."""
+        with self._lock:
+            self._sinks.setdefault(job_id, []).append(sink)
+
+    def subscribe_many(self, pairs: list[tuple[str, StatusSink]]) -> None:
+        """:meth:`subscribe` for many jobs at once."""
+        with self._lock:
+            sinks = self._sinks
+            for job_id, sink in pairs:
+                sinks.setdefault(job_id, []).append(sink)
+
+    def emit(self, status: list[Any], sinks: list[StatusSink]) -> None:
+        """Deliver ``status`` to ``sinks`` after every status read before it (from a reply or lost-request
+        hook, on the reader: a submit's QUEUED or FAILED goes in order with the events around it)."""
+        self._out.append((status, sinks))
+
+    def _turn(self) -> None:
+        """One turn of the reader (the I/O thread's work: see ``client/_reader.py``)."""
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        """The reader's last act: close the socket, fail what still waits."""
+        raise NotImplementedError
+
+    def _work(self) -> None:
+        """One of two workers (leader/follower). The one holding the reader's turn reads the socket; when
+        it has read statuses and nobody is delivering, it hands the turn to the other (releasing the
+        lock wakes it) and runs the callbacks itself: a status reaches them with no thread hand-off on
+        its way, and a slow callback still never stalls the socket."""
+        while True:
+            with self._reading:
+                if self._stopped:
+                    return
+                self._reader = threading.current_thread()
+                try:
+                    deliver = self._read()
+                finally:
+                    self._reader = None
+                if not deliver:
+                    return
+            self._deliver()
+
+    def _read(self) -> bool:
+        """Turns of the reader until there are statuses to deliver and nobody delivering (True, this
+        worker is now the one delivering), or the connection is closed (False)."""
+        try:
+            while not self._closed:
+                self._turn()
+                self._publish()
+                if self._ready and not self._delivering and self._claim():
+                    return True
+        except BaseException:
+            self._stop()
+            raise
+        self._stop()
+        return self._claim()  # what the last turns read is still delivered
+
+    def _claim(self) -> bool:
+        """Become the worker delivering, if there is something to deliver and nobody delivers it."""
+        with self._lock:
+            if not self._ready or self._delivering:
+                return False
+            self._delivering = True
+            return True
+
+    def _publish(self) -> None:
+        """Hand this turn's statuses to the delivering worker, as one batch."""
+        if self._out:
+            self._ready.append(self._out)
+            self._out = []
+
+    def _deliver(self) -> None:
+        """Run the sinks of every batch read, in order, until none is left (then another worker may
+        deliver). Statuses read meanwhile by the other worker are queued for this one."""
+        ready = self._ready
+        while True:
+            with self._lock:
+                if not ready:
+                    self._delivering = False
+                    return
+                batch = ready.popleft()
+            for status, sinks in batch:
+                for sink in sinks:
+                    try:
+                        sink(status)
+                    except Exception:
+                        log.exception("status callback failed", job=status[0])
+
+    def _route(self, events: list[list[Any]], out: list[tuple[list[Any], list[StatusSink]]]) -> None:
+        """Pair each status with its job's sinks now, on the I/O thread: the sinks a job has when its
+        event is read (a hook subscribed them before), not whichever hold its id when it is dispatched."""
+        with self._lock:
+            for status in events:
+                job_id = status[0]
+                sinks = self._sinks.get(job_id) if isinstance(job_id, str) else None
+                if not sinks:
+                    continue
+                if status[1] in FINAL:
+                    del self._sinks[job_id]
+                out.append((status, list(sinks)))
