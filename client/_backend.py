@@ -25,11 +25,13 @@ from client import _embedded
 from client._connection import Connection
 from client._delivery import StatusSink
 from client._pipeline import Pipeline
+from client._reader import report
 from client._requests import DEFAULT_REQUEST_TIMEOUT, Ticket
 from client.exceptions import InvalidJobException, SubmitException
 from pilot import wire
 from pilot.rundir import RunDir
 from pilot.security import ENV_CLIENT_ACCESS, Credentials, SecurityError, read_client_access
+from pilot.wire.messages import StatusReport
 
 log = structlog.get_logger("client")
 
@@ -202,15 +204,15 @@ class Backend:
     def status(self) -> dict[str, Any]:
         return self.request(wire.Kind.STATUS, {})
 
-    def attach(self, native_id: str, sink: StatusSink) -> builtins.list[Any]:
-        """Follow an existing job; returns its current status (wire form)."""
+    def attach(self, native_id: str, sink: StatusSink) -> StatusReport:
+        """Follow an existing job; returns its current status."""
         conn = self.connection
 
         def on_reply(body: dict[str, Any]) -> None:
             results = body.get("results")
             if isinstance(results, list) and results and isinstance(results[0], dict) and "status" in results[0]:
-                status = results[0]["status"]
-                if isinstance(status, list) and len(status) > 1 and status[1] in _FINAL:
+                status = report(results[0]["status"])
+                if status is None or status.state in _FINAL:
                     return  # no event will follow: a sink would never be removed
                 conn.subscribe(native_id, sink)
 
@@ -219,9 +221,9 @@ class Backend:
         )
         if "error" in result:
             raise InvalidJobException(str(result["error"]))
-        status = result["status"]
-        if not isinstance(status, list) or len(status) != 6:
-            raise SubmitException(f"malformed status from the pilot: {status!r}")
+        status = report(result["status"])
+        if status is None:
+            raise SubmitException(f"malformed status from the pilot: {result['status']!r}")
         return status
 
     def close(self) -> None:

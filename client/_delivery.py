@@ -15,15 +15,16 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import structlog
 
 from client._requests import RequestTable
+from pilot.wire.messages import StatusReport
 
 log = structlog.get_logger("client")
 
-StatusSink = Callable[[list[Any]], None]
+StatusSink = Callable[[StatusReport], None]
 FINAL: Final = ("COMPLETED", "FAILED", "CANCELED")
 
 
@@ -35,9 +36,9 @@ class Delivery(RequestTable):
         self._sinks: dict[str, list[StatusSink]] = {}
         #: Batches of (status, the sinks it goes to) read and not delivered yet, in order (the reader
         #: appends, the worker delivering takes them under ``_lock``).
-        self._ready: deque[list[tuple[list[Any], list[StatusSink]]]] = deque()
+        self._ready: deque[list[tuple[StatusReport, list[StatusSink]]]] = deque()
         #: Statuses the reader routed or its hooks emitted in this turn, in order (the reader's only).
-        self._out: list[tuple[list[Any], list[StatusSink]]] = []
+        self._out: list[tuple[StatusReport, list[StatusSink]]] = []
         self._delivering = False  # a worker is running callbacks (under ``_lock``)
         #: The reader's turn: held by the worker that reads the socket. Releasing it wakes the other.
         self._reading = threading.Lock()
@@ -57,7 +58,7 @@ class Delivery(RequestTable):
             for job_id, sink in pairs:
                 sinks.setdefault(job_id, []).append(sink)
 
-    def emit(self, status: list[Any], sinks: list[StatusSink]) -> None:
+    def emit(self, status: StatusReport, sinks: list[StatusSink]) -> None:
         """Deliver ``status`` to ``sinks`` after every status read before it (from a reply or lost-request
         hook, on the reader: a submit's QUEUED or FAILED goes in order with the events around it)."""
         self._out.append((status, sinks))
@@ -132,17 +133,19 @@ class Delivery(RequestTable):
                     try:
                         sink(status)
                     except Exception:
-                        log.exception("status callback failed", job=status[0])
+                        log.exception("status callback failed", job=status.job_id)
 
-    def _route(self, events: list[list[Any]], out: list[tuple[list[Any], list[StatusSink]]]) -> None:
+    def _route(self, events: list[StatusReport], out: list[tuple[StatusReport, list[StatusSink]]]) -> None:
         """Pair each status with its job's sinks now, on the I/O thread: the sinks a job has when its
         event is read (a hook subscribed them before), not whichever hold its id when it is dispatched."""
         with self._lock:
             for status in events:
-                job_id = status[0]
-                sinks = self._sinks.get(job_id) if isinstance(job_id, str) else None
+                job_id = status.job_id
+                if job_id is None:
+                    continue
+                sinks = self._sinks.get(job_id)
                 if not sinks:
                     continue
-                if status[1] in FINAL:
+                if status.state in FINAL:
                     del self._sinks[job_id]
                 out.append((status, list(sinks)))

@@ -35,8 +35,10 @@ from typing import Any, Final
 
 from client._connection import Connection
 from client._delivery import StatusSink
+from client._reader import report
 from client._requests import GROUP_JOBS, Ticket
 from client.exceptions import SubmitException
+from pilot.wire.messages import StatusReport
 
 #: Jobs a pipelined executor may have sent and not had answered: a few full frames (GROUP_JOBS).
 WINDOW: Final = 4 * GROUP_JOBS
@@ -186,7 +188,7 @@ class Pipeline:
             self._lost(conn, request, error or f"malformed reply from the pilot: {str(body)[:200]}")
             return
         follow: list[tuple[str, StatusSink]] = []
-        statuses: list[tuple[list[Any], StatusSink]] = []
+        statuses: list[tuple[StatusReport, StatusSink]] = []
         again = _Request()
         now = time.time()
         for i, (result, job) in enumerate(zip(results, jobs, strict=True)):
@@ -194,22 +196,23 @@ class Pipeline:
             if isinstance(result, dict) and "id" in result:
                 native_id = str(result["id"])
                 sink = on_id(native_id)
-                status = result.get("status")
-                if isinstance(status, list) and len(status) == 6:  # the job this key made before
-                    if status[1] not in _FINAL:
+                raw = result.get("status")
+                status = report(raw) if raw is not None else None
+                if status is not None:  # the job this key made before
+                    if status.state not in _FINAL:
                         follow.append((native_id, sink))
                     statuses.append((status, sink))
                 else:
                     follow.append((native_id, sink))
                     t = result.get("time")
                     when = float(t) if isinstance(t, int | float) and not isinstance(t, bool) else now
-                    statuses.append(([native_id, "QUEUED", when, None, None, None], sink))
+                    statuses.append((StatusReport(native_id, "QUEUED", when, None, None, None), sink))
             elif isinstance(result, dict) and result.get("retry"):  # refused for want of room: nothing was done
                 again.add(request.descriptions[i], request.keys[i], job)
             else:
                 error = result.get("error") if isinstance(result, dict) else None
                 message = f"the pilot did not accept the job: {error}" if error else "malformed result from the pilot"
-                statuses.append(([None, "FAILED", now, None, message, None], on_failed))
+                statuses.append((StatusReport(None, "FAILED", now, None, message, None), on_failed))
         conn.subscribe_many(follow)  # before any later frame is read: the jobs' events find their sinks
         for status, sink in statuses:
             conn.emit(status, [sink])
@@ -230,7 +233,7 @@ class Pipeline:
     def _fail_jobs(self, conn: Connection, jobs: list[_Job], message: str) -> None:
         now = time.time()
         for _, on_failed in jobs:
-            conn.emit([None, "FAILED", now, None, message, None], [on_failed])
+            conn.emit(StatusReport(None, "FAILED", now, None, message, None), [on_failed])
 
     def _settled(self, conn: Connection, request: _Request, count: int) -> None:
         """``count`` jobs of ``request`` are answered for; if it was one of the OUTSTANDING, the requests

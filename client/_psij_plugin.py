@@ -25,7 +25,6 @@ import builtins
 import threading
 import weakref
 from collections import deque
-from typing import Any
 
 import psij
 
@@ -34,6 +33,7 @@ from client._delivery import StatusSink
 from client._requests import DEFAULT_REQUEST_TIMEOUT
 from client._translate import spec_to_wire
 from client.exceptions import InvalidJobException, SubmitException
+from pilot.wire.messages import StatusReport
 
 
 class PilotJobExecutor(psij.JobExecutor):
@@ -112,19 +112,14 @@ class PilotJobExecutor(psij.JobExecutor):
         """Done with this executor (beyond psij's API): the last user of an embedded pilot stops it."""
         self._backend.close()
 
-    def _apply(self, job: psij.Job, raw: builtins.list[Any]) -> None:
+    def _apply(self, job: psij.Job, report: StatusReport) -> None:
         try:
-            _, state, t, exit_code, message, metadata = raw
-            st = psij.JobState[state]
-            status = psij.JobStatus(
-                st,
-                time=float(t) if isinstance(t, int | float) else None,
-                message=message,
-                exit_code=exit_code,
-                metadata=metadata,
-            )
-        except (KeyError, ValueError, TypeError):
+            st = psij.JobState[report.state]
+        except KeyError:
             return
+        status = psij.JobStatus(
+            st, time=report.time, message=report.message, exit_code=report.exit_code, metadata=report.metadata
+        )
         self._deliver(job, status)
 
     def _deliver(self, job: psij.Job, status: psij.JobStatus) -> None:

@@ -43,6 +43,7 @@ from client._requests import Pending, split_group
 from pilot import wire
 from pilot.rundir import RunDir
 from pilot.security import Credentials
+from pilot.wire.messages import StatusReport
 
 log = structlog.get_logger("client")
 
@@ -218,7 +219,7 @@ class Reader(Delivery):
             if msg.kind == wire.Kind.EVENTS:
                 events = msg.body.get("events")
                 if isinstance(events, list):
-                    self._route([e for e in events if isinstance(e, list) and len(e) == 6], statuses)
+                    self._route(_reports(events), statuses)
                 continue
             rid = msg.body.get("rid")
             if not isinstance(rid, int):
@@ -275,10 +276,10 @@ class Reader(Delivery):
                 sinks = self._sinks.get(job_id)
                 if not sinks or not isinstance(result, dict):
                     continue
-                status = result.get("status")
-                if "error" in result or not (isinstance(status, list) and len(status) == 6):
-                    error = result.get("error", f"malformed status {status!r}")
-                    status = [
+                status = report(result.get("status")) if "error" not in result else None
+                if status is None:
+                    error = result.get("error", f"malformed status {result.get('status')!r}")
+                    status = StatusReport(
                         job_id,
                         "FAILED",
                         now,
@@ -288,8 +289,21 @@ class Reader(Delivery):
                             "have run, in part or in full, before the restart. Submit it again if needed"
                         ),
                         None,
-                    ]
+                    )
                     log.warning("job lost by the pilot's restart", job=job_id, error=str(error))
-                if status[1] in FINAL:
+                if status.state in FINAL:
                     del self._sinks[job_id]
                 out.append((status, list(sinks)))
+
+
+def report(raw: Any) -> StatusReport | None:
+    """A job status from the pilot, checked once here; None (and a warning) for a malformed one."""
+    try:
+        return StatusReport.from_wire(raw)
+    except wire.ProtocolError as exc:
+        log.warning("dropped a malformed job status from the pilot", reason=str(exc))
+        return None
+
+
+def _reports(raw: list[Any]) -> list[StatusReport]:
+    return [r for e in raw if (r := report(e)) is not None]

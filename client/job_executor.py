@@ -36,6 +36,7 @@ from client.job import Job, JobStatusCallback
 from client.job_status import JobStatus
 from pilot import __version__, wire
 from pilot.model.job_state import JobState
+from pilot.wire.messages import StatusReport
 
 PsijError = InvalidJobException | InvalidStateException | SubmitException
 #: A state's wire name -> the state: a dict lookup costs less than Enum's call (every status of every job).
@@ -320,17 +321,18 @@ class JobExecutor:
         return f"JobExecutor[pilot, {self.url or 'default'}]"
 
 
-def status_from_wire(raw: list[Any]) -> JobStatus:
-    _, name, t, exit_code, message, metadata = raw
-    state = _STATES.get(name)
+def status_of(report: StatusReport) -> JobStatus:
+    state = _STATES.get(report.state)
     if state is None:
-        raise ValueError(f"unknown job state {name!r}")
-    return JobStatus(state, time=float(t), message=message, exit_code=exit_code, metadata=metadata)
+        raise ValueError(f"unknown job state {report.state!r}")
+    return JobStatus(
+        state, time=report.time, message=report.message, exit_code=report.exit_code, metadata=report.metadata
+    )
 
 
-def _apply(job: Job, raw: list[Any]) -> None:
+def _apply(job: Job, report: StatusReport) -> None:
     try:
-        status = status_from_wire(raw)
-    except (ValueError, TypeError):
+        status = status_of(report)
+    except ValueError:
         return
     job._set_status(status)

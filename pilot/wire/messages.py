@@ -84,9 +84,10 @@ _TASK_EVENT_KINDS = frozenset({"started", "exited", "failed", "withdrawn"})
 
 
 class StatusReport(NamedTuple):
-    """A job's status as the daemon reports it to clients."""
+    """A job's status as the daemon reports it to clients (and as a client reports to itself a job it
+    gave up, whose ``job_id`` may then be None: it never got one)."""
 
-    job_id: str
+    job_id: str | None
     state: str
     time: float
     exit_code: int | None
