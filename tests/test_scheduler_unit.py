@@ -370,6 +370,15 @@ def _queue() -> JobQueue[_Job]:
     return JobQueue(key=lambda j: j.key, alive=lambda j: j.alive)
 
 
+def _take(q: JobQueue[_Job], key: str) -> _Job:
+    """Take a category's head as the daemon does: the job leaves (its phase changes) and is counted out."""
+    job = q.peek(key)
+    assert job is not None
+    job.alive = False
+    q.drop()
+    return job
+
+
 def test_queue_is_fifo_within_a_category_and_heads_are_oldest_first() -> None:
     q = _queue()
     jobs = [_Job("a1", "A"), _Job("b1", "B"), _Job("a2", "A"), _Job("c1", "C"), _Job("b2", "B")]
@@ -377,11 +386,11 @@ def test_queue_is_fifo_within_a_category_and_heads_are_oldest_first() -> None:
         q.push(j)
     assert len(q) == 5
     assert [(k, j.name) for k, j in q.heads()] == [("A", "a1"), ("B", "b1"), ("C", "c1")]
-    assert q.pop_head("A").name == "a1"
+    assert _take(q, "A").name == "a1"
     # after a1 left, A's head is a2 (pushed after b1): B is now the oldest head
     assert [(k, j.name) for k, j in q.heads()] == [("B", "b1"), ("A", "a2"), ("C", "c1")]
     assert q.peek("A") is not None and q.peek("A").name == "a2"  # type: ignore[union-attr]
-    assert [q.pop_head("A").name, q.pop_head("B").name, q.pop_head("B").name, q.pop_head("C").name] == [
+    assert [_take(q, "A").name, _take(q, "B").name, _take(q, "B").name, _take(q, "C").name] == [
         "a2",
         "b1",
         "b2",
@@ -405,24 +414,24 @@ def test_queue_skips_dead_items_and_counts_drops() -> None:
     q.drop()
     assert [j.name for _, j in q.heads()] == ["a3"]
     assert q.peek("B") is None
-    assert q.pop_head("A") is a3 and len(q) == 0
+    assert _take(q, "A") is a3 and len(q) == 0
 
 
 def test_scheduling_pass_with_the_queue_backfills_other_categories() -> None:
     """The daemon's pass: for every category head place as many as fit; a head that does not fit
     blocks only its own category (everything behind it is identical), not smaller jobs."""
     nodes = [node("a", cores=4)]
-    q: JobQueue[tuple[str, ResourceRequest]] = JobQueue(key=lambda j: j[1].key, alive=lambda j: True)
+    started: list[str] = []
+    q: JobQueue[tuple[str, ResourceRequest]] = JobQueue(key=lambda j: j[1].key, alive=lambda j: j[0] not in started)
     big, small = req(cpu_cores_per_process=3), req()
     for name, r in [("big1", big), ("big2", big), ("small1", small), ("small2", small)]:
         q.push((name, r))
-    started: list[str] = []
     for key, _ in q.heads():
         while (job := q.peek(key)) is not None:
             if place(job[1], nodes, job_id=job[0]) is None:
                 break
-            q.pop_head(key)
             started.append(job[0])
+            q.drop()
     assert started == ["big1", "small1"]
     assert len(q) == 2 and [j[0] for _, j in q.heads()] == ["big2", "small2"]
 

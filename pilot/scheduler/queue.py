@@ -37,8 +37,8 @@ class JobQueue(Generic[T]):
         self._len += 1
 
     def drop(self) -> None:
-        """Account for one item that left the queue without being popped (it is dead now: placed,
-        canceled, failed); it is discarded when it reaches its category's head."""
+        """Account for one item that left the queue (it is dead now: placed, canceled, failed); it is
+        discarded when it reaches its category's head."""
         self._len -= 1
 
     def heads(self) -> Iterator[tuple[Hashable, T]]:
@@ -56,16 +56,6 @@ class JobQueue(Generic[T]):
             head = self._categories.get(key)
             if head:
                 yield key, head[0][1]
-
-    def pop_head(self, key: Hashable) -> T:
-        dq = self._categories[key]
-        _, item = dq.popleft()
-        self._len -= 1
-        while dq and not self._alive(dq[0][1]):
-            dq.popleft()
-        if not dq:
-            del self._categories[key]
-        return item
 
     def peek(self, key: Hashable) -> T | None:
         """The category's live head (dead items at its head are discarded on the way), or None."""
