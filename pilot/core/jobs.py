@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from pilot.core.clock import Clock
 from pilot.core.outbox import Outbox
-from pilot.core.phase import Phase, check_move
+from pilot.core.phase import NEXT, IllegalMove, Phase
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.model.job_state import JobState
 from pilot.scheduler.dag import JobGraph, Outcome, Verdict
@@ -60,7 +60,8 @@ class JobBook:
     def move(self, job: JobRecord, phase: Phase, *, front: bool = False) -> None:
         """Change a job's phase. ``front``: back to the queue ahead of everything (it keeps its turn)."""
         old = job.phase
-        check_move(old, phase, job_id=job.id)
+        if phase not in NEXT[old]:
+            raise IllegalMove(old, phase, job_id=job.id)
         job.phase = phase
         if old is Phase.QUEUED:
             self.queue.drop()  # dead now: discarded when it reaches its category's head

@@ -87,10 +87,12 @@ MOVES: Final[frozenset[tuple[Phase, Phase]]] = frozenset(
 )
 
 
+#: The table by phase: where each may go (what :meth:`JobBook.move` looks up, once per move).
+NEXT: Final[dict[Phase, frozenset[Phase]]] = {p: frozenset(n for o, n in MOVES if o is p) for p in Phase}
+
+
 class IllegalMove(AssertionError):
     """A phase change the table does not allow: a bug in the core, never a user's error."""
 
-
-def check_move(old: Phase, new: Phase, *, job_id: str) -> None:
-    if (old, new) not in MOVES:
-        raise IllegalMove(f"job {job_id}: {old.name} -> {new.name} is not a move of the job state machine")
+    def __init__(self, old: Phase, new: Phase, *, job_id: str) -> None:
+        super().__init__(f"job {job_id}: {old.name} -> {new.name} is not a move of the job state machine")
