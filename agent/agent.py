@@ -27,7 +27,6 @@ import zmq
 from agent import probe
 from agent.processes import ProcessEngine
 from agent.simulated import NullEngine
-from agent.table import Key
 from pilot import wire
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
@@ -41,6 +40,7 @@ from pilot.wire.messages import (
     HeartbeatReply,
     Kill,
     Launch,
+    ProcessKey,
     Register,
     Registered,
     Stop,
@@ -117,7 +117,7 @@ class Agent:
         self._registered = False
         self._last_heard = time.monotonic()
         self._next_beat = 0.0
-        self._timers: list[tuple[float, Key, str]] = []
+        self._timers: list[tuple[float, ProcessKey, str]] = []
         self._stopping: str | None = None  # None | "term" | "kill"
         self._stop_reason = ""
         self._stop_deadline = 0.0
@@ -304,7 +304,7 @@ class Agent:
             return
         # A process that started and exited within one batch is reported by its exit alone (it carries
         # the start time): fewer events for short tasks, and the client synthesises ACTIVE.
-        exited: set[Key] | None = None
+        exited: set[ProcessKey] | None = None
         out: list[TaskEvent] = []
         for ev in events:
             if ev.kind == "started":
@@ -323,7 +323,7 @@ class Agent:
 
     # -- timers: heartbeat, walltime, kill escalation, stopping -----------------------------------
 
-    def _add_timer(self, when: float, key: Key, action: str) -> None:
+    def _add_timer(self, when: float, key: ProcessKey, action: str) -> None:
         heapq.heappush(self._timers, (when, key, action))
 
     def _next_deadline(self) -> float:

@@ -32,10 +32,10 @@ import structlog
 from agent import environment
 from agent.reaping import Reaper
 from agent.spawning import Spawners
-from agent.table import Key, Running, take_waiting
+from agent.table import Running, take_waiting
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
-from pilot.wire.messages import TaskEvent
+from pilot.wire.messages import ProcessKey, TaskEvent
 
 log = structlog.get_logger("agent.processes")
 
@@ -53,9 +53,9 @@ class ProcessEngine:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._by_pid: dict[int, Running] = {}
-        self._by_key: dict[Key, Running] = {}
+        self._by_key: dict[ProcessKey, Running] = {}
         self._early: dict[int, tuple[int, Any, float]] = {}
-        self._cancelled: dict[Key, str] = {}
+        self._cancelled: dict[ProcessKey, str] = {}
         self._core_users: dict[int, int] = {}  # core -> processes (running, or handed to a spawner) on it
         self._waiting: list[ProcessOrder] = []
         self._events: list[TaskEvent] = []
@@ -73,7 +73,7 @@ class ProcessEngine:
         self._pending_orders = 0
         #: Orders accepted and not yet started or failed: a key leaves this set only in the same locked
         #: step that records its first event, so :meth:`snapshot` never misses a process.
-        self._pending_keys: dict[Key, int] = {}
+        self._pending_keys: dict[ProcessKey, int] = {}
         self._reaper = Reaper(engine=self)
         self._pidfds = self._reaper.pidfds
         self._spawners = Spawners(
@@ -196,7 +196,7 @@ class ProcessEngine:
                     out.append(e)
         return out
 
-    def kill(self, key: Key, *, reason: str, sig: int = signal.SIGTERM) -> bool:
+    def kill(self, key: ProcessKey, *, reason: str, sig: int = signal.SIGTERM) -> bool:
         """Signal the process group of ``key``; an order not started yet is dropped. False if unknown."""
         with self._lock:
             run = self._by_key.get(key)
@@ -224,7 +224,7 @@ class ProcessEngine:
             pass
         return True
 
-    def withdraw(self, key: Key) -> bool:
+    def withdraw(self, key: ProcessKey) -> bool:
         """Drop an order still waiting here for its cores (the daemon places it elsewhere) and report
         it ``withdrawn``; False when it is not waiting any more (started, being started, or unknown):
         then it runs here as ordered, and its events say so."""
@@ -236,7 +236,7 @@ class ProcessEngine:
             self._notify()
         return True
 
-    def deadline(self, key: Key) -> float | None:
+    def deadline(self, key: ProcessKey) -> float | None:
         """Monotonic time at which ``key`` exceeds its walltime, if it runs and has one."""
         with self._lock:
             run = self._by_key.get(key)
@@ -244,22 +244,22 @@ class ProcessEngine:
                 return None
             return run.started_mono + run.order.walltime
 
-    def is_running(self, key: Key) -> bool:
+    def is_running(self, key: ProcessKey) -> bool:
         with self._lock:
             return key in self._by_key
 
-    def running(self) -> list[Key]:
+    def running(self) -> list[ProcessKey]:
         """Keys of the processes this agent runs and of the orders waiting for their cores."""
         with self._lock:
             return self._running_locked()
 
-    def _running_locked(self) -> list[Key]:
+    def _running_locked(self) -> list[ProcessKey]:
         keys = dict.fromkeys(self._by_key)
         keys.update(dict.fromkeys(self._pending_keys))
         keys.update(dict.fromkeys((w.job_id, w.slot) for w in self._waiting))
         return list(keys)
 
-    def snapshot(self) -> tuple[list[Key], list[TaskEvent]]:
+    def snapshot(self) -> tuple[list[ProcessKey], list[TaskEvent]]:
         """Running keys and the events not drained yet, taken together: every order this agent got is
         in one or the other (or in events drained before), which a restarted daemon relies on to tell
         orders the agent never received from ones it ran."""
@@ -313,7 +313,7 @@ class ProcessEngine:
         else:
             del self._pending_keys[key]
 
-    def _taken(self, key: Key) -> bool:
+    def _taken(self, key: ProcessKey) -> bool:
         """A spawner took the order of ``key`` off its queue: False when it was cancelled meanwhile
         (reported here)."""
         with self._lock:
@@ -327,7 +327,7 @@ class ProcessEngine:
             return False
         return True
 
-    def _started(self, key: Key, run: Running, started: TaskEvent, *, reaps: bool) -> bool:
+    def _started(self, key: ProcessKey, run: Running, started: TaskEvent, *, reaps: bool) -> bool:
         """A process runs for ``key``: into the table, its ``started`` event queued. True when the spawner
         that started it waits for it itself (``reaps``, with pidfds); else the reaper does."""
         pid = run.pid

@@ -19,9 +19,9 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from agent.table import Key, take_waiting
+from agent.table import take_waiting
 from pilot.model.process_order import ProcessOrder
-from pilot.wire.messages import TaskEvent
+from pilot.wire.messages import ProcessKey, TaskEvent
 
 
 @dataclass(slots=True)
@@ -39,13 +39,13 @@ class NullEngine:
         if not duration >= 0:  # NaN included
             raise ValueError(f"simulated duration must be >= 0 seconds, not {duration!r}")
         self._duration = duration
-        self._running: dict[Key, _Simulated] = {}
+        self._running: dict[ProcessKey, _Simulated] = {}
         self._waiting: list[ProcessOrder] = []
         self._core_users: Counter[int] = Counter()
-        self._due: list[tuple[float, int, Key]] = []  # (monotonic end, tie-break, key)
+        self._due: list[tuple[float, int, ProcessKey]] = []  # (monotonic end, tie-break, key)
         self._tie = itertools.count()
         self._events: list[TaskEvent] = []
-        self._ending: deque[Key] = deque()  # started with no duration: they exit in the same step
+        self._ending: deque[ProcessKey] = deque()  # started with no duration: they exit in the same step
 
     # -- the engine interface (all called from the agent's loop) ----------------------------------
 
@@ -87,10 +87,10 @@ class NullEngine:
         events, self._events = self._events, []
         return events
 
-    def snapshot(self) -> tuple[list[Key], list[TaskEvent]]:
+    def snapshot(self) -> tuple[list[ProcessKey], list[TaskEvent]]:
         return self.running(), self.drain()
 
-    def kill(self, key: Key, *, reason: str, sig: int = signal.SIGTERM) -> bool:
+    def kill(self, key: ProcessKey, *, reason: str, sig: int = signal.SIGTERM) -> bool:
         run = self._running.get(key)
         if run is not None:
             if run.reason is None:
@@ -103,22 +103,22 @@ class NullEngine:
         self._events.append(TaskEvent(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False}))
         return True
 
-    def withdraw(self, key: Key) -> bool:
+    def withdraw(self, key: ProcessKey) -> bool:
         if take_waiting(self._waiting, key) is None:
             return False
         self._events.append(TaskEvent(key[0], key[1], "withdrawn", time.time(), {}))
         return True
 
-    def deadline(self, key: Key) -> float | None:
+    def deadline(self, key: ProcessKey) -> float | None:
         run = self._running.get(key)
         if run is None or run.order.walltime is None:
             return None
         return run.started_mono + run.order.walltime
 
-    def is_running(self, key: Key) -> bool:
+    def is_running(self, key: ProcessKey) -> bool:
         return key in self._running
 
-    def running(self) -> list[Key]:
+    def running(self) -> list[ProcessKey]:
         return [*self._running, *((w.job_id, w.slot) for w in self._waiting)]
 
     def busy(self) -> bool:
@@ -138,7 +138,7 @@ class NullEngine:
         else:
             heapq.heappush(self._due, (mono + self._duration, next(self._tie), key))
 
-    def _exit(self, key: Key, run: _Simulated, *, exit_code: int | None, sig: int | None) -> None:
+    def _exit(self, key: ProcessKey, run: _Simulated, *, exit_code: int | None, sig: int | None) -> None:
         del self._running[key]
         mono = time.monotonic()
         wall = max(0.0, mono - run.started_mono)

@@ -1,4 +1,4 @@
-"""The records an engine's threads share: a process's key and its row in the table (the events it produces
+"""The records an engine's threads share: a process's row in the table (its key is the wire's ``ProcessKey``, the events it produces
 are the wire's :class:`~pilot.wire.messages.TaskEvent`).
 
 Apart from the engines (processes, simulated) so that the spawner and reaper modules can build and read
@@ -13,12 +13,10 @@ import subprocess
 from dataclasses import dataclass
 
 from pilot.model.process_order import ProcessOrder
-from pilot.wire.messages import TaskEvent
-
-Key = tuple[str, int]
+from pilot.wire.messages import ProcessKey, TaskEvent
 
 
-def take_waiting(waiting: list[ProcessOrder], key: Key) -> ProcessOrder | None:
+def take_waiting(waiting: list[ProcessOrder], key: ProcessKey) -> ProcessOrder | None:
     """Remove and return the order of ``key`` from orders that wait for their cores (a KILL or a
     WITHDRAW of one not started), or None when none waits."""
     for i, order in enumerate(waiting):
