@@ -1,5 +1,5 @@
-"""The records an engine's threads share: a process's row in the table (its key is the wire's ``ProcessKey``, the events it produces
-are the wire's :class:`~pilot.wire.messages.TaskEvent`).
+"""The records an engine's threads share: a process's row in the table (its key is the wire's
+``ProcessKey``, the events it produces the wire's :class:`~pilot.wire.messages.TaskEvent`).
 
 Apart from the engines (processes, simulated) so that the spawner and reaper modules can build and read
 them without importing the engine that owns the table. A :class:`Running` row is written by the spawner
