@@ -80,7 +80,7 @@ class Lifecycle(Part):
 
     def kill_outstanding(self, job: JobRecord, *, reason: str) -> None:
         for slot, plan in job.run.processes.items():
-            self.outbox.kill(plan.node, reason, [plan.order.job_id, slot])
+            self.outbox.kills[plan.node][reason].append([plan.order.job_id, slot])
 
     def cancel(self, job: JobRecord, *, reason: str) -> None:
         if job.final or job.cancel_reason is not None:

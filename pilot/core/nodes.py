@@ -36,7 +36,6 @@ class AgentRecord:
     name: str
     node: NodeConfigured
     last_seen: float  # monotonic
-    registered: float  # wall clock
     state: str = "active"  # active | lost | stopped
     load: list[float] = field(default_factory=list)
     utilized: dict[str, float] = field(default_factory=dict)  # psutil on the node, from heartbeats
@@ -79,9 +78,7 @@ class NodeBook:
 
     def register(self, node: NodeConfigured) -> AgentRecord:
         self.invalidate()
-        agent = self.agents[node.name] = AgentRecord(
-            name=node.name, node=node, last_seen=self.clock.mono, registered=self.clock.wall
-        )
+        agent = self.agents[node.name] = AgentRecord(name=node.name, node=node, last_seen=self.clock.mono)
         self.slots[node.name] = NodeSlots.from_configured(node)
         self.cluster.add(site.match_node(self.config, self.cluster.registry, node))
         capacity = site.node_capacity(self.config, node.name)

@@ -54,9 +54,6 @@ class Outbox:
     #: The journal's share of this step: committed before anything above leaves.
     journal: Batch = field(default_factory=Batch)
 
-    def kill(self, node: str, reason: str, key: list[Any]) -> None:
-        self.kills[node][reason].append(key)
-
     def to_agent(self, node: str, msg: Body) -> None:
         self.to_agents.append((node, msg))
 

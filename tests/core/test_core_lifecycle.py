@@ -237,17 +237,26 @@ def test_dependency_cascade_fails_dependents_that_can_never_start() -> None:
     assert [o["job_id"] for o in step.orders("n0")] == [d]
 
 
-def test_hold_is_released_by_request() -> None:
+def test_an_sss_hold_waits_for_its_release() -> None:
     env = CoreEnv(cores=1)
     env.register("n0")
-    (jid,) = env.submit(true())
-    job = env.job(jid)
-    assert env.core.on_release(jid) == {"id": jid, "released": False}
+    (result,) = env.core.on_submit(
+        CLIENT, [{"sss": "<Job><Executable>/bin/true</Executable><Hold>User</Hold></Job>"}], None
+    )
+    (held,) = result["ids"]
+    (plain,) = env.submit(true())
+    step = env.step()
+    assert [o["job_id"] for o in step.orders("n0")] == [plain]  # the held job is skipped, not in the way
+    assert env.job(held).phase is Phase.BLOCKED
+    assert env.core.on_release(plain) == {"id": plain, "released": False}
+    assert env.core.on_release(held) == {"id": held, "released": True}
+    env.exited("n0", plain)
+    step = env.step()
+    assert [o["job_id"] for o in step.orders("n0")] == [held]
+    env.exited("n0", held)
     env.step()
-    env.exited("n0", jid)
-    env.step()
-    assert env.core.on_release(jid) == {"error": f"job {jid!r} is not waiting in this pilot"}
-    assert job.final
+    assert env.state(held) is JobState.COMPLETED
+    assert env.core.on_release(held) == {"error": f"job {held!r} is not waiting in this pilot"}
 
 
 def test_statuses_go_to_every_subscriber() -> None:
