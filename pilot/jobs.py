@@ -10,8 +10,9 @@ from pilot.core.phase import Phase
 from pilot.launchers.base import PlannedProcess
 from pilot.model.job_description import JobDescription
 from pilot.model.job_state import JobState
+from pilot.request import Request
+from pilot.scheduler.distribution import JobPlacement
 from pilot.scheduler.placement import RankPlacement
-from pilot.sss_jobs import SssJob
 
 
 @dataclass(slots=True)
@@ -37,6 +38,9 @@ class Attempt:
     #: Re-runs after losing a node (restartable jobs); a withdrawal keeps the number (nothing ran).
     number: int = 0
     ranks: list[RankPlacement] = field(default_factory=list)
+    #: Which task of which group holds each rank, and the per-job consumables taken (task group
+    #: requests); None for alike processes placed on slots alone.
+    placement: JobPlacement | None = None
     taken: list[bool] = field(default_factory=list)  # per rank: its slots are still taken
     processes: dict[int, PlannedProcess] = field(default_factory=dict)  # slot -> plan, while outstanding
     results: dict[int, ProcessResult] = field(default_factory=dict)
@@ -62,18 +66,23 @@ class JobRecord:
     closing: bool = False  # stopped because the allocation's walltime was ending
     #: Client connections that follow its statuses (ZeroMQ routing identities).
     subscribers: set[bytes] = field(default_factory=set)
-    #: Its SSS side (task groups, resolved request, placement) when it was submitted as SSS XML.
-    sss: SssJob | None = None
+    #: What it asks for, in the one shape every language compiles to (None: the plain request of
+    #: ``description``, made when the record is).
+    request: Request = None  # type: ignore[assignment]
     #: Resolved dependency edges, as the journal keeps them: [[condition, code, [job ids]], ...].
     edges: list[Any] | None = None
-    user_hold: bool = False  # SSS <Hold>: waits until 'pilot release'
-    #: What the journal held beside the description (SSS document, edges, Hold): rebuilt on resume.
+    user_hold: bool = False  # <Hold>: waits until 'pilot release'
+    #: What the journal held beside the description (a document, edges, Hold): rebuilt on resume.
     journaled: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.request is None:
+            self.request = Request.of_description(self.description)
 
     @property
     def category(self) -> Any:
         """Its scheduling category: identical requests are placed alike."""
-        return self.description.resources.key if self.sss is None else self.sss.request.key
+        return self.request.category
 
     @property
     def final(self) -> bool:

@@ -41,6 +41,7 @@ from typing import Any, Final
 import msgpack
 
 from pilot.core.phase import Phase
+from pilot.frontends import JOURNAL_EXTRAS
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import PlannedProcess
 from pilot.lrm.base import Allocation, AllocationState
@@ -121,9 +122,6 @@ CREATE TABLE allocation (
 );
 CREATE TABLE nodes (name TEXT PRIMARY KEY, config BLOB NOT NULL) WITHOUT ROWID;
 """
-
-#: Keys the daemon adds to a journaled description: the SSS document, resolved dependency edges, Hold.
-SSS_KEYS: Final = ("sss", "edges", "hold")
 
 
 class JournalError(Exception):
@@ -325,7 +323,7 @@ class Store:
             ) = row
             try:
                 raw = unpack(desc)
-                extra = {k: raw.pop(k) for k in SSS_KEYS if isinstance(raw, dict) and k in raw}
+                extra = {k: raw.pop(k) for k in JOURNAL_EXTRAS if isinstance(raw, dict) and k in raw}
                 description = JobDescription.from_wire(raw)
             except Exception as exc:
                 raise ValueError(f"job {jid}: {exc}") from None

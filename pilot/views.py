@@ -13,6 +13,7 @@ from pilot.core.lifecycle import RECLAIM_AFTER
 from pilot.core.phase import Phase
 from pilot.core.reactor import Core
 from pilot.formats import write_job, write_nodes
+from pilot.frontends import JOURNAL_EXTRAS, rebuild
 from pilot.jobs import JobRecord
 from pilot.model.job_description import DescriptionError, JobDescription
 from pilot.model.job_state import JobState
@@ -21,8 +22,6 @@ from pilot.model.sss.psij import to_sss
 from pilot.scheduler.dag import Verdict
 from pilot.scheduler.distribution import why_not
 from pilot.security import redact
-from pilot.sss_jobs import read_submission
-from pilot.store import SSS_KEYS
 
 
 def job_ids(core: Core) -> list[str]:
@@ -62,22 +61,10 @@ def explain(core: Core, job_id: str) -> dict[str, Any]:
             "state": state,
             "reasons": ["no node has registered yet (the allocation is starting)", *coming],
         }
-    if job.sss is not None:
-        never = why_not(job.sss.request, nodes.matcher, nodes.resources, idle=True)
-        if never:
-            return {"id": job_id, "state": state, "reasons": ["it can never run here: " + r for r in never]}
-        now = why_not(job.sss.request, nodes.matcher, nodes.resources)
-        reasons += [f"waits for resources: {r}" for r in now] or ["it fits now: the next scheduling pass starts it"]
-    else:
-        r = job.description.resources
-        never_reason = nodes.never_fits(job.description)
-        if never_reason is not None:
-            return {"id": job_id, "state": state, "reasons": [f"it can never run here: it {never_reason}"]}
-        reasons.append(
-            f"waits for resources: needs {r.process_count} process(es) of {r.cpu_cores_per_process} core(s)"
-            + (f" and {r.gpu_cores_per_process} GPU(s)" if r.gpu_cores_per_process else "")
-            + f"; {nodes.free_cores()} core(s) are free now"
-        )
+    never = nodes.never_fits(job.request)
+    if never:
+        return {"id": job_id, "state": state, "reasons": ["it can never run here: " + r for r in never]}
+    reasons += waits_for(core, job)
     ahead = sum(
         1
         for j in book.jobs.values()
@@ -86,6 +73,21 @@ def explain(core: Core, job_id: str) -> dict[str, Any]:
     if ahead:
         reasons.append(f"{ahead} job(s) with the same request were queued before it")
     return {"id": job_id, "state": state, "reasons": reasons + coming}
+
+
+def waits_for(core: Core, job: JobRecord) -> list[str]:
+    """What a queued job that can run here waits for now."""
+    nodes = core.nodes
+    resolved, slots = job.request.resolved, job.request.slots
+    if resolved is not None:
+        now = why_not(resolved, nodes.matcher, nodes.resources)
+        return [f"waits for resources: {r}" for r in now] or ["it fits now: the next scheduling pass starts it"]
+    assert slots is not None
+    return [
+        f"waits for resources: needs {slots.process_count} process(es) of {slots.cpu_cores_per_process} core(s)"
+        + (f" and {slots.gpu_cores_per_process} GPU(s)" if slots.gpu_cores_per_process else "")
+        + f"; {nodes.free_cores()} core(s) are free now"
+    ]
 
 
 def _placed_reason(core: Core, job: JobRecord) -> str:
@@ -113,7 +115,7 @@ def show(core: Core, job_id: str) -> dict[str, Any]:
     """The job as SSS Job XML with its State, times, Delivered and (once placed) its Task elements."""
     job = core.book.jobs.get(job_id)
     if job is not None:
-        source = job.sss.shown if job.sss is not None else to_sss(job.description)
+        source = job.request.shown or to_sss(job.description)
         status: list[Any] = job.status()
         started, ended, held = job.run.started, job.run.ended, job.user_hold
         tasks = _task_status(job)
@@ -125,8 +127,9 @@ def show(core: Core, job_id: str) -> dict[str, Any]:
             return {"error": f"no job {job_id!r} in this pilot"}
         raw, status, submitted, started, ended = found
         try:
-            plain = {k: v for k, v in raw.items() if k not in SSS_KEYS}
-            source = read_submission(raw["sss"])[0][0] if "sss" in raw else to_sss(JobDescription.from_wire(plain))
+            plain = {k: v for k, v in raw.items() if k not in JOURNAL_EXTRAS}
+            description = JobDescription.from_wire(plain)
+            source = rebuild(description, raw, cluster=core.nodes.cluster).shown or to_sss(description)
         except DescriptionError as exc:
             return {"error": f"job {job_id}: its journaled description cannot be read: {exc}"}
         held = False
@@ -150,8 +153,9 @@ def show(core: Core, job_id: str) -> dict[str, Any]:
 
 
 def _task_status(job: JobRecord) -> list[TaskStatus]:
-    if job.sss is not None and job.sss.placement is not None:
-        return [TaskStatus(t.group, t.task, t.node, t.cores, t.gpus) for t in job.sss.placement.tasks]
+    placement = job.run.placement
+    if placement is not None:
+        return [TaskStatus(t.group, t.task, t.node, t.cores, t.gpus) for t in placement.tasks]
     return [TaskStatus(0, i, r.node, r.cores, r.gpus) for i, r in enumerate(job.run.ranks)]
 
 

@@ -389,7 +389,7 @@ def test_identical_requests_of_differently_named_jobs_are_one_category() -> None
     b = w.request(
         Job(Properties.of(P("Executable", "y"), P("Name", "b")), [TaskGroup(Properties.of(P("TaskCount", 2)))])
     )
-    assert a.key == b.key and hash(a.key) == hash(b.key) and a.where != b.where
+    assert a.category == b.category and hash(a.category) == hash(b.category) and a.where != b.where
 
 
 def test_why_not_names_a_per_job_consumable_nobody_offers() -> None:

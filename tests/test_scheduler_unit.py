@@ -362,17 +362,17 @@ def test_random_place_release_never_double_books(shape: list[tuple[int, int]], o
 @dataclass(eq=False)
 class _Job:
     name: str
-    key: str
+    category: str
     alive: bool = True
 
 
 def _queue() -> JobQueue[_Job]:
-    return JobQueue(key=lambda j: j.key, alive=lambda j: j.alive)
+    return JobQueue(category=lambda j: j.category, alive=lambda j: j.alive)
 
 
-def _take(q: JobQueue[_Job], key: str) -> _Job:
+def _take(q: JobQueue[_Job], category: str) -> _Job:
     """Take a category's head as the daemon does: the job leaves (its phase changes) and is counted out."""
-    job = q.peek(key)
+    job = q.peek(category)
     assert job is not None
     job.alive = False
     q.drop()
@@ -422,12 +422,14 @@ def test_scheduling_pass_with_the_queue_backfills_other_categories() -> None:
     blocks only its own category (everything behind it is identical), not smaller jobs."""
     nodes = [node("a", cores=4)]
     started: list[str] = []
-    q: JobQueue[tuple[str, ResourceRequest]] = JobQueue(key=lambda j: j[1].key, alive=lambda j: j[0] not in started)
+    q: JobQueue[tuple[str, ResourceRequest]] = JobQueue(
+        category=lambda j: j[1].category, alive=lambda j: j[0] not in started
+    )
     big, small = req(cpu_cores_per_process=3), req()
     for name, r in [("big1", big), ("big2", big), ("small1", small), ("small2", small)]:
         q.push((name, r))
-    for key, _ in q.heads():
-        while (job := q.peek(key)) is not None:
+    for category, _ in q.heads():
+        while (job := q.peek(category)) is not None:
             if place(job[1], nodes, job_id=job[0]) is None:
                 break
             started.append(job[0])

@@ -316,3 +316,16 @@ def test_job_description_parser_raises_only_description_error(body: Any, resourc
             JobDescription.from_wire(candidate)
         except DescriptionError as exc:
             assert str(exc)
+
+
+@pytest.mark.timeout(10)
+def test_a_request_read_before_lets_no_look_alike_of_another_type_through() -> None:
+    """Resource requests already read are looked up by their wire form: 1.0 or True equal 1 in Python,
+    and must still be refused after a valid 1 was read."""
+    good = {"process_count": 2, "exclusive_node_use": False}
+    first = JobDescription.from_wire({"executable": "/bin/true", "resources": good})
+    assert first.resources.process_count == 2
+    assert JobDescription.from_wire({"executable": "/bin/true", "resources": dict(good)}).resources is first.resources
+    for twin in ({"process_count": 2.0, "exclusive_node_use": False}, {"process_count": 2, "exclusive_node_use": 0}):
+        with pytest.raises(DescriptionError):
+            JobDescription.from_wire({"executable": "/bin/true", "resources": twin})

@@ -3,15 +3,13 @@ dependencies) and accepted into the job book, or refused with a reason that says
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from pilot.core.state import CoreState, Part
+from pilot.frontends import compile_entry, is_document
 from pilot.jobs import JobRecord
 from pilot.launchers import LAUNCHERS
-from pilot.model.job_description import DescriptionError, JobDescription
-from pilot.scheduler.dag import DEPENDS_ON, NewJob, dependencies_from_custom
-from pilot.sss_jobs import SssJob, prepare, read_submission
+from pilot.model.job_description import DescriptionError
 
 
 class Admission(Part):
@@ -82,74 +80,59 @@ class Admission(Part):
         return {"id": job_id, "status": job.status(), "name": job.description.name}
 
     def _submit_one(self, ident: bytes, raw: Any, *, key: str | None = None) -> dict[str, Any]:
-        """One job of a SUBMIT request (the pilot takes new jobs: :meth:`refusal` said so)."""
-        if isinstance(raw, dict) and "sss" in raw:
-            if key is not None:
-                return {"error": "an SSS submission carries no key: submit it with submit_sss()"}
-            return self._submit_sss(ident, raw)
-        book = self.book
-        try:
-            description = JobDescription.from_wire(raw)
-            if description.launcher not in LAUNCHERS:
-                raise DescriptionError(
-                    f"JobSpec.launcher {description.launcher!r} is not available in this pilot; "
-                    f"use one of {', '.join(LAUNCHERS)}"
-                )
-            self._check_launcher(description.launcher, what="JobSpec.launcher")
-            reason = self.nodes.never_fits(description)
-            if reason is not None:
-                raise DescriptionError(f"the job can never run in this allocation: it {reason}")
-            job_id = str(book.seq + 1)
-            custom = description.custom_attributes
-            deps = dependencies_from_custom(custom) if DEPENDS_ON in custom else []
-            if deps:  # a job without dependencies stays out of the graph: nothing to pay on the hot path
-                book.graph.add(
-                    [NewJob(job_id, description.name, None, tuple(deps), f"job {job_id}")],
-                    known=book.known,
-                    named=book.named,
-                )
-        except DescriptionError as exc:
-            return {"error": str(exc)}
-        job = JobRecord(id=job_id, description=description, submitted=self.clock.wall, state_time=self.clock.wall)
-        job.edges = book.graph.edges_of(job_id) or None
-        raw = dict(raw, edges=job.edges) if job.edges else raw  # raw: from_wire accepted it
-        book.accept(ident, job, raw, key=key)
-        return {"id": job.id, "time": job.state_time}
-
-    def _submit_sss(self, ident: bytes, raw: dict[str, Any]) -> dict[str, Any]:
-        """An SSS Job or JobGroup: every job checked (model, distribution, matching against this
-        allocation, dependencies and cycles) before any is accepted; all are accepted or none."""
-        document = raw.get("sss")
-        if not isinstance(document, str | bytes):
-            return {"error": "an SSS submission carries its XML document as text under 'sss'"}
+        """One entry of a SUBMIT request (the pilot takes new jobs: :meth:`refusal` said so), compiled by
+        its language's front-end. Every job it holds is checked (launchers, whether it can ever fit,
+        dependencies and cycles) before any is accepted: all are accepted or none."""
         book = self.book
         now = self.clock.wall
+        if key is not None and is_document(raw):
+            return {"error": "a document submission carries no key: submit it without one"}
         try:
-            jobs, warnings = read_submission(document)
-            batch: list[tuple[JobRecord, SssJob]] = []
-            for i, source in enumerate(jobs):
-                job_id = str(book.seq + 1 + i)
-                sss = prepare(source, self.nodes.cluster)
-                for g in sss.groups:
-                    self._check_launcher(g.launcher, what=f'{sss.effective.where}: Extension name="Launcher"')
-                self.nodes.check_sss(sss)
-                description = dataclasses.replace(sss.groups[0].template.description, launcher="single")
-                job = JobRecord(id=job_id, description=description, submitted=now, state_time=now)
-                job.sss, job.user_hold = sss, sss.hold
-                batch.append((job, sss))
-            book.graph.add([sss.new_job(job.id) for job, sss in batch], known=book.known, named=book.named)
+            submission = compile_entry(raw, cluster=self.nodes.cluster)
+            records: list[JobRecord] = []
+            graphed = False  # jobs without dependencies (or an id to be found by) stay out of the graph
+            for i, request in enumerate(submission.requests):
+                graphed = graphed or bool(request.dependencies or request.local_id)
+                for g in request.groups:
+                    self._check_launcher(g.launcher, what=g.named_by)
+                never = self.nodes.never_fits(request)
+                if never:
+                    where = request.where or "the job"
+                    raise DescriptionError(f"{where} can never run in this allocation: " + "; ".join(never))
+                job = JobRecord(
+                    id=str(book.seq + 1 + i),
+                    description=request.description,
+                    submitted=now,
+                    state_time=now,
+                    request=request,
+                    user_hold=request.hold,
+                )
+                records.append(job)
+            if graphed:
+                book.graph.add([job.request.new_job(job.id) for job in records], known=book.known, named=book.named)
         except DescriptionError as exc:  # SssError is one
             return {"error": str(exc)}
-        for job, sss in batch:
-            job.edges = book.graph.edges_of(job.id) or None
-            if job.edges is None:  # found by id or name when someone depends on it
-                book.graph.forget([job.id])
-            entry = {**job.description.to_wire(), "sss": sss.xml, "edges": job.edges, "hold": job.user_hold}
-            book.accept(ident, job, entry)
-        return {"ids": [job.id for job, _ in batch], "warnings": warnings, "time": now}
+        for job in records:
+            entry = job.request.entry
+            if graphed:
+                job.edges = book.graph.edges_of(job.id) or None
+                if job.edges is not None:
+                    entry = dict(entry, edges=job.edges)
+                else:
+                    book.graph.forget([job.id])  # was only there to be found by id or name
+            if job.user_hold:
+                entry = dict(entry, hold=True)
+            book.accept(ident, job, entry, key=key)
+        if submission.document:
+            return {"ids": [job.id for job in records], "warnings": submission.warnings, "time": now}
+        return {"id": records[0].id, "time": now}
 
     def _check_launcher(self, launcher: str, *, what: str) -> None:
         """A launcher that needs another batch system (srun outside Slurm) is refused at submit."""
+        if launcher not in LAUNCHERS:
+            raise DescriptionError(
+                f"{what} {launcher!r} is not available in this pilot; use one of {', '.join(LAUNCHERS)}"
+            )
         needs = LAUNCHERS[launcher].needs_lrm
         if needs is None:
             return

@@ -39,8 +39,10 @@ class JobBook:
         self.history = history
         self.jobs: dict[str, JobRecord] = {}
         self.counts: Counter[JobState] = Counter()
-        self.queue: JobQueue[JobRecord] = JobQueue(key=lambda j: j.category, alive=lambda j: j.phase is Phase.QUEUED)
-        #: Jobs in BLOCKED: waiting for their dependencies or an SSS <Hold> release.
+        self.queue: JobQueue[JobRecord] = JobQueue(
+            category=lambda j: j.category, alive=lambda j: j.phase is Phase.QUEUED
+        )
+        #: Jobs in BLOCKED: waiting for their dependencies or a <Hold> release.
         self.blocked: dict[str, JobRecord] = {}
         #: Jobs in BEHIND or WITHDRAWING, oldest first: id -> since when (monotonic).
         self.behind: dict[str, float] = {}

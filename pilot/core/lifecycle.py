@@ -19,7 +19,7 @@ from pilot.jobs import Attempt, JobRecord, ProcessResult
 from pilot.launchers import PlannedProcess
 from pilot.model.job_state import JobState
 from pilot.model.process_order import POST, PRE
-from pilot.scheduler import RankPlacement
+from pilot.scheduler.passes import Placed
 from pilot.wire.messages import TaskEvent
 
 log = structlog.get_logger("pilot.core")
@@ -36,10 +36,11 @@ class Lifecycle(Part):
 
     # -- out ------------------------------------------------------------------------------------------
 
-    def start(self, job: JobRecord, ranks: list[RankPlacement]) -> None:
+    def start(self, job: JobRecord, placed: Placed) -> None:
         """A job was placed: its pre_launch order goes out, or its ranks' orders."""
         d = job.description
         run = job.run
+        ranks, run.placement = placed
         run.ranks = ranks
         run.taken = [True] * len(ranks)
         self.book.changed(job, placed=True)

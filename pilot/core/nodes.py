@@ -1,4 +1,4 @@
-"""The node book: the agents' view of their nodes, the slots placement takes from, and what SSS
+"""The node book: the agents' view of their nodes, the slots placement takes from, and what
 matching sees of each node (typed attributes, features, consumable ledgers).
 
 Whether a request can ever fit is cached per request category while the node sets stay the same;
@@ -19,14 +19,14 @@ from pilot.allocations import AllocationBook, PilotAllocation
 from pilot.config import Config
 from pilot.core.clock import Clock
 from pilot.jobs import JobRecord
-from pilot.model.job_description import DescriptionError, JobDescription
 from pilot.model.node import NodeConfigured
+from pilot.request import Request
 from pilot.scheduler import NodeSlots, never_fits
 from pilot.scheduler.attributes import ConsumableLedger
 from pilot.scheduler.cluster import Cluster
 from pilot.scheduler.distribution import Resources, why_not
 from pilot.scheduler.matching import Matcher
-from pilot.sss_jobs import SssJob
+from pilot.scheduler.passes import AllocationPass
 
 log = structlog.get_logger("pilot.core")
 
@@ -63,18 +63,16 @@ class NodeBook:
         self.clock = clock
         self.agents: dict[str, AgentRecord] = {}
         self.slots: dict[str, NodeSlots] = {}
-        #: What SSS matching sees, and what placement takes from: the same NodeSlots as ``slots``, plus
+        #: What matching sees, and what placement takes from: the same NodeSlots as ``slots``, plus
         #: consumable ledgers per node and for the allocation.
         self.cluster = cluster
         self.matcher = Matcher(cluster)
         self.resources = Resources(self.slots, {}, ConsumableLedger.of(cluster.global_capacity))
-        self._fits: dict[Any, str | None] = {}  # request key -> why it can never fit, per node set
-        self._sss_fits: dict[Any, list[str]] = {}
+        self._fits: dict[Any, list[str]] = {}  # request category -> why it can never fit, per node set
 
     def invalidate(self) -> None:
         """The node sets changed: what can ever fit is judged again."""
         self._fits.clear()
-        self._sss_fits.clear()
 
     def register(self, node: NodeConfigured) -> AgentRecord:
         self.invalidate()
@@ -127,9 +125,9 @@ class NodeBook:
     # -- what a job holds ---------------------------------------------------------------------------
 
     def retake(self, job: JobRecord) -> None:
-        """A resumed job's slots (and an SSS job's per-task consumables), as the journal says it holds them."""
+        """A resumed job's slots (and its tasks' consumables), as the journal says it holds them."""
         run = job.run
-        placement = job.sss.placement if job.sss is not None else None
+        placement = run.placement
         for i, rank in enumerate(run.ranks):
             slots = self.slots.get(rank.node)
             if slots is not None and i < len(run.taken) and run.taken[i]:
@@ -148,7 +146,7 @@ class NodeBook:
         run.taken[i] = False
         rank = run.ranks[i]
         node = self.slots.get(rank.node)
-        placement = job.sss.placement if job.sss is not None else None
+        placement = run.placement
         if placement is not None and i < len(placement.tasks):
             pool = self.resources.global_ledger.capacity
             host = {k: v for k, v in placement.tasks[i].amounts if k not in pool}
@@ -163,7 +161,7 @@ class NodeBook:
 
     def release_all(self, job: JobRecord) -> None:
         """Everything the job holds: its per-job consumables (licenses), then every rank's slots."""
-        placement = job.sss.placement if job.sss is not None else None
+        placement = job.run.placement
         if placement is not None:
             for level, amounts in placement.per_job:
                 ledger = self.resources.global_ledger if level == "global" else self.resources.ledgers.get(level)
@@ -175,7 +173,7 @@ class NodeBook:
 
     # -- where jobs may go ----------------------------------------------------------------------------
 
-    def groups(self) -> list[AllocationSlots]:
+    def allocation_slots(self) -> list[AllocationSlots]:
         """Where a scheduling pass may place: each usable allocation with its usable nodes (a job runs
         inside one allocation). One allocation: everything, as a single-allocation pilot always did."""
         held = self.allocations.held
@@ -190,32 +188,45 @@ class NodeBook:
                 out.append(AllocationSlots(h, list(slots.values()), res))
         return out
 
-    def never_fits(self, description: JobDescription) -> str | None:
-        """never_fits against each allocation (a job runs inside one), once per request category while
-        the node sets stay the same: per submitted job it would cost O(nodes) on the submit path."""
-        key = description.resources.key
-        if key not in self._fits:
-            reasons = [never_fits(description.resources, nodes) for nodes in self._capacities()]
-            self._fits[key] = None if not reasons or None in reasons else reasons[0]
-        return self._fits[key]
+    def passes(self) -> list[tuple[PilotAllocation, AllocationPass]]:
+        """A new scheduling pass over each allocation a job may be placed in."""
+        matcher = self.matcher
+        return [
+            (g.held, AllocationPass(nodes=g.nodes, resources=g.resources, matcher=matcher))
+            for g in self.allocation_slots()
+        ]
 
-    def check_sss(self, sss: SssJob) -> None:
-        """Refuse an SSS job that can never run here (DescriptionError), once every node is in."""
+    def never_fits(self, request: Request) -> list[str]:
+        """Why the request can never run here (empty: it may), judged once per request category while
+        the node sets stay the same: per submitted job it would cost O(nodes) on the submit path. A job
+        runs inside one allocation: it fits if it fits one of them (even idle)."""
+        key = request.category
+        reasons = self._fits.get(key)
+        if reasons is not None:
+            return reasons
+        slots = request.slots
+        if slots is not None:
+            per = [never_fits(slots, nodes) for nodes in self._capacities()]
+            reasons = [] if not per or None in per else [f"it {per[0]}"]
+        else:
+            assert request.resolved is not None
+            if not self._complete():
+                return []  # judged when explained, not refused on a guess
+            per_allocation = [
+                why_not(request.resolved, self.matcher, g.resources, idle=True) for g in self.allocation_slots()
+            ]
+            reasons = [] if not per_allocation or not all(per_allocation) else per_allocation[0]
+        self._fits[key] = reasons
+        return reasons
+
+    def _complete(self) -> bool:
+        """Every node of every allocation is in, and no more may come: matching sees the whole pilot."""
         allocations = self.allocations
-        if (
-            not self.cluster.nodes
-            or any(h.usable and len(h.nodes) < h.allocation.nodes for h in allocations.held.values())
-            or allocations.can_grow()
-        ):
-            return  # not every node is in yet, or more may come: judged when explained, not refused on a guess
-        key = sss.request.key
-        if key not in self._sss_fits:
-            # A job runs inside one allocation: it fits if it fits one of them (even idle).
-            per = [why_not(sss.request, self.matcher, g.resources, idle=True) for g in self.groups()]
-            self._sss_fits[key] = [] if not per or not all(per) else per[0]
-        reasons = self._sss_fits[key]
-        if reasons:
-            raise DescriptionError(f"{sss.effective.where} can never run in this allocation: " + "; ".join(reasons))
+        return (
+            bool(self.cluster.nodes)
+            and not any(h.usable and len(h.nodes) < h.allocation.nodes for h in allocations.held.values())
+            and not allocations.can_grow()
+        )
 
     def _capacities(self) -> list[list[NodeSlots]]:
         """Per usable allocation: its registered nodes, plus the ones it promises that have not

@@ -83,8 +83,8 @@ def delivered(job: JobRecord, exit_code: int | None) -> dict[str, Any]:
         "signal": signal,
         **({"started": run.started} if run.started is not None else {}),
         **(
-            {"tasks": [[t.group, t.task, t.node, t.cores, t.gpus] for t in job.sss.placement.tasks]}
-            if job.sss is not None and job.sss.placement is not None
+            {"tasks": [[t.group, t.task, t.node, t.cores, t.gpus] for t in run.placement.tasks]}
+            if run.placement is not None
             else {}
         ),
     }

@@ -14,7 +14,7 @@ from typing import Final
 
 
 class Phase(Enum):
-    #: Accepted, waiting for its dependencies or an SSS <Hold> release: not in the queue.
+    #: Accepted, waiting for its dependencies or a <Hold> release: not in the queue.
     BLOCKED = "blocked"
     #: In the queue, waiting for slots.
     QUEUED = "queued"

@@ -3,16 +3,14 @@ the pre_launch and post_launch scripts get an order of their own."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 
 from pilot.core.clock import Clock
 from pilot.core.nodes import NodeBook
 from pilot.jobs import JobRecord
 from pilot.launchers import PlannedProcess, job_directory
-from pilot.launchers.base import Launcher, rank_order
+from pilot.launchers.base import Launcher
 from pilot.model.process_order import ProcessOrder
-from pilot.sss_jobs import SssJob
 
 
 class Planner:
@@ -22,80 +20,80 @@ class Planner:
         self.clock = clock
 
     def ranks(self, job: JobRecord, *, environment: dict[str, str] | None) -> list[PlannedProcess]:
-        """The rank phase's processes. ``environment``: what the pre_launch script set, if one ran."""
-        if job.sss is not None:
-            plans = self._sss_ranks(job, job.sss, environment=environment)
+        """The rank phase's processes, each task group's by its launcher, from the job's placement.
+        ``environment``: what the pre_launch script set, if one ran."""
+        run = job.run
+        hosts = self.nodes.hostnames(job)
+        placement = run.placement
+        if placement is None:  # alike processes on slots: one group holding every rank
+            plans = self._group(job, 0, None, None, hosts=hosts, environment=environment)
         else:
-            plans = self.launchers[job.description.launcher].plan(
-                job_id=job.proc_id,
-                description=job.description,
-                ranks=job.run.ranks,
-                hosts=self.nodes.hostnames(job),
-                environment=environment,
-            )
-        if job.run.number:
+            members: dict[int, list[int]] = defaultdict(list)
+            for i, t in enumerate(placement.tasks):
+                members[t.group].append(i)
+            tasks = [t.task for t in placement.tasks]
+            plans = []
+            for group, indices in sorted(members.items()):
+                plans += self._group(job, group, indices, tasks, hosts=hosts, environment=environment)
+        if len(plans) > 1:
+            for p in plans:  # several processes share the job's files: truncated once, before any started
+                p.order.truncate_output = False
+        if run.number:
             for p in plans:
                 p.order.rank_environment["PILOT_JOB_ID"] = job.id
         return plans
 
-    def _sss_ranks(self, job: JobRecord, sss: SssJob, *, environment: dict[str, str] | None) -> list[PlannedProcess]:
-        """Each task group by its launcher: one process per task (each running its own Task element's
-        executable, streams and limits), or one parallel launch; slots are the job's rank indices."""
-        assert sss.placement is not None
-        tasks = sss.placement.tasks
-        hosts = self.nodes.hostnames(job)
-        members: dict[int, list[int]] = defaultdict(list)
-        for i, t in enumerate(tasks):
-            members[t.group].append(i)
-        plans: list[PlannedProcess] = []
-        for group, indices in sorted(members.items()):
-            g = sss.groups[group]
-            group_hosts = [hosts[i] for i in indices]
-            if g.launcher != "multiple":
-                d = dataclasses.replace(
-                    g.template.description,
-                    launcher=g.launcher,
-                    resources=dataclasses.replace(
-                        sss.request.variants[sss.placement.variant][group].slot_request, process_count=len(indices)
-                    ),
-                )
-                for p in self.launchers[g.launcher].plan(
-                    job_id=job.proc_id,
-                    description=d,
-                    ranks=[job.run.ranks[i] for i in indices],
-                    hosts=group_hosts,
-                    environment=environment,
-                ):
-                    p.order.slot = indices[p.order.slot] if p.order.slot >= 0 else p.order.slot
-                    p.holds = [indices[h] for h in p.holds]
-                    p.order.rank_environment["PILOT_TASK_GROUP"] = str(group)
-                    plans.append(p)
-                continue
-            for i in indices:
-                t = tasks[i]
-                launch = g.task(t.task)
-                order = rank_order(
-                    job_id=job.proc_id,
-                    slot=i,
-                    description=launch.description,
-                    cores=t.cores,
-                    gpus=t.gpus,
-                    hosts=group_hosts,
-                    environment=environment,
-                    truncate=launch.truncate and len(tasks) == 1,
-                )
-                order.rank_environment["PILOT_TASK_GROUP"] = str(group)
-                order.rank_environment["PILOT_TASK_ID"] = str(t.task)
-                order.rlimits = [[r.resource, r.soft, r.hard] for r in launch.rlimits]
-                plans.append(PlannedProcess(t.node, order, [i]))
+    def _group(
+        self,
+        job: JobRecord,
+        group: int,
+        indices: list[int] | None,
+        tasks: list[int] | None,
+        *,
+        hosts: list[str],
+        environment: dict[str, str] | None,
+    ) -> list[PlannedProcess]:
+        """One task group's processes. ``indices``: the job's ranks it holds (None: all of them), and
+        ``tasks``: the task each rank of the job runs."""
+        g = job.request.groups[group]
+        ranks = job.run.ranks
+        if indices is not None:
+            ranks = [ranks[i] for i in indices]
+            hosts = [hosts[i] for i in indices]
+        launches = None
+        if g.labelled and tasks is not None and indices is not None:
+            launches = [g.task(tasks[i]) for i in indices]
+        plans = self.launchers[g.launcher].plan(
+            job_id=job.proc_id,
+            description=g.template.description,
+            ranks=ranks,
+            hosts=hosts,
+            environment=environment,
+            launches=launches if g.launcher == "multiple" else None,
+        )
+        if indices is not None:  # the group's rank numbers are the job's
+            for p in plans:
+                order = p.order
+                if order.slot >= 0:
+                    order.slot = indices[order.slot]
+                    if "PILOT_RANK" in order.rank_environment:
+                        order.rank_environment["PILOT_RANK"] = str(order.slot)
+                p.holds = [indices[h] for h in p.holds]
+        if g.labelled:
+            for p in plans:
+                env = p.order.rank_environment
+                env["PILOT_TASK_GROUP"] = str(group)
+                if launches is not None and tasks is not None and p.order.slot >= 0:
+                    env["PILOT_TASK_ID"] = str(tasks[p.order.slot])
         return plans
 
     def shares_output(self, job: JobRecord, plans: list[PlannedProcess]) -> bool:
-        """Several processes write one stdout/stderr file: it is truncated once, before any of them starts."""
+        """Several processes write one stdout/stderr file: it is truncated once, before any of them starts
+        (unless the request appends: earlier output stays)."""
         d = job.description
         if len(plans) <= 1 or not (d.stdout_path or d.stderr_path):
             return False
-        return job.sss is None or job.sss.groups[0].template.truncate  # redirectList="Append": earlier output stays
+        return job.request.groups[0].template.truncate
 
     def walltime_left(self, job: JobRecord) -> float | None:
         """JobAttributes.duration bounds the whole job (pre_launch, ranks, post_launch), not each process."""

@@ -24,8 +24,9 @@ from pilot.core.nodes import NodeBook
 from pilot.core.outbox import CancelAllocation, Outbox
 from pilot.core.phase import Phase
 from pilot.core.planning import Planner
-from pilot.core.schedule import Scheduler, needs_lrm
+from pilot.core.schedule import Scheduler
 from pilot.core.state import CoreState
+from pilot.frontends import rebuild
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import Launcher
 from pilot.model.job_description import DescriptionError
@@ -33,9 +34,7 @@ from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
 from pilot.scheduler.cluster import Cluster
 from pilot.scheduler.dag import edges_from_wire
-from pilot.scheduler.distribution import JobPlacement, TaskPlacement
-from pilot.scheduler.placement import RankPlacement
-from pilot.sss_jobs import SssJob, prepare, read_submission
+from pilot.scheduler.distribution import resumed_placement
 from pilot.wire.messages import AgentMessage, Stop
 
 log = structlog.get_logger("pilot.core")
@@ -86,7 +85,7 @@ class Core:
         return self.admission.attach(ident, job_id)
 
     def on_release(self, job_id: str) -> dict[str, Any]:
-        """Lift an SSS <Hold>."""
+        """Lift a <Hold> (SSS; any language with one)."""
         job = self.book.jobs.get(job_id)
         if job is None or job.final:
             return {"error": f"job {job_id!r} is not waiting in this pilot"}
@@ -217,7 +216,7 @@ class Core:
         system, its duration within the site's walltime): auto-allocation asks before it grows."""
         queue = self.book.queue
         heads = [j for k, _ in queue.heads() if (j := queue.peek(k)) is not None][:16]
-        return any(source.could_take(job.description.duration, needs_lrm(job)) for job in heads)
+        return any(source.could_take(job.description.duration, job.request.needs_lrm) for job in heads)
 
     def cancel_all(self, reason: str) -> None:
         self.allocations.stopping = True
@@ -290,18 +289,17 @@ class Core:
             book.unblock(blocked)
 
     def _rebuild_journaled(self, job: JobRecord) -> str | None:
-        """A resumed job's SSS side, dependency edges and Hold, from what the journal kept; why not, if
-        it cannot be. A running SSS job's tasks map onto its ranks in order (its first variant: jobs
-        with alternatives that ran another variant show the first's task numbering)."""
+        """A resumed job's request (compiled again from the document the journal kept), dependency
+        edges and Hold; why not, if it cannot be."""
         extra, job.journaled = job.journaled, None
         if not extra:
             return None
         book = self.book
         try:
-            if isinstance(extra.get("sss"), str):
-                job.sss = prepare(read_submission(extra["sss"])[0][0], self.nodes.cluster)
-                if job.run.ranks:
-                    job.sss.placement = _placement_from_ranks(job.sss, job.run.ranks)
+            job.request = rebuild(job.description, extra, cluster=self.nodes.cluster)
+            resolved = job.request.resolved
+            if job.run.ranks and resolved is not None:
+                job.run.placement = resumed_placement(resolved, job.run.ranks)
             if extra.get("edges"):
                 edges = edges_from_wire(extra["edges"])
                 book.graph.restore(job.id, job.description.name, edges, where=f"job {job.id}")
@@ -315,15 +313,3 @@ class Core:
             log.error("journaled job cannot be rebuilt", job=job.id, error=str(exc))
             return str(exc)
         return None
-
-
-def _placement_from_ranks(sss: SssJob, ranks: list[RankPlacement]) -> JobPlacement:
-    variant = sss.request.variants[0]
-    tasks = []
-    i = 0
-    for group, g in enumerate(variant):
-        for t in range(g.task_count):
-            r = ranks[i]
-            tasks.append(TaskPlacement(group, t, r.node, r.cores, r.gpus, r.memory, g.per_task))
-            i += 1
-    return JobPlacement(tasks, 0)

@@ -8,9 +8,10 @@ ranks). The agent pins it to the job's cores and GPUs on that node, so ranks it 
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pilot.launchers.base import Launcher, PlannedProcess, job_directory
+from pilot.launchers.base import Launcher, PlannedProcess, TaskLaunch, job_directory
 from pilot.model.job_description import JobDescription
 from pilot.model.process_order import ProcessOrder
 from pilot.scheduler.placement import RankPlacement
@@ -89,6 +90,7 @@ class ParallelLauncher(Launcher):
         ranks: list[RankPlacement],
         hosts: list[str],
         environment: dict[str, str] | None,
+        launches: Sequence[TaskLaunch] | None = None,
     ) -> list[PlannedProcess]:
         return launching_process(
             job_id=job_id,

@@ -7,12 +7,40 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from pilot.model.job_description import JobDescription
 from pilot.model.process_order import ProcessOrder
+from pilot.model.sss.execution import RlimitSetting
 from pilot.scheduler.placement import RankPlacement
+
+
+@dataclass(slots=True, eq=False)
+class TaskLaunch:
+    """What one task runs: its description (executable, arguments, streams, environment), whether it
+    truncates its output files when it starts alone (Append keeps earlier output), and its limits."""
+
+    description: JobDescription
+    truncate: bool = True
+    rlimits: tuple[RlimitSetting, ...] = ()
+
+
+@dataclass(slots=True, eq=False)
+class GroupLaunch:
+    """How one task group is launched: its launcher, what its tasks run (a task may run its own
+    launch), and whether its processes are told their group and task (PILOT_TASK_GROUP, PILOT_TASK_ID)."""
+
+    launcher: str
+    template: TaskLaunch
+    tasks: dict[int, TaskLaunch] = field(default_factory=dict)
+    labelled: bool = False
+    #: Where the request named its launcher, for messages ("JobSpec.launcher").
+    named_by: str = "JobSpec.launcher"
+
+    def task(self, index: int) -> TaskLaunch:
+        return self.tasks.get(index, self.template)
 
 
 @dataclass(slots=True)
@@ -37,9 +65,11 @@ class Launcher(ABC):
         ranks: list[RankPlacement],
         hosts: list[str],
         environment: dict[str, str] | None,
+        launches: Sequence[TaskLaunch] | None = None,
     ) -> list[PlannedProcess]:
         """Process orders for the rank phase. ``environment`` holds what the job's pre_launch script
-        set (applied over each node's own environment), or None when there was none."""
+        set (applied over each node's own environment), or None when there was none. ``launches``:
+        what each rank runs when its task has a launch of its own (one process per rank only)."""
 
 
 def rank_order(

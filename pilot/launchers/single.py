@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
-from pilot.launchers.base import Launcher, PlannedProcess, rank_order
+from pilot.launchers.base import Launcher, PlannedProcess, TaskLaunch, rank_order
 from pilot.model.job_description import JobDescription
 from pilot.scheduler.placement import RankPlacement
 
@@ -20,6 +21,7 @@ class SingleLauncher(Launcher):
         ranks: list[RankPlacement],
         hosts: list[str],
         environment: dict[str, str] | None,
+        launches: Sequence[TaskLaunch] | None = None,
     ) -> list[PlannedProcess]:
         first = ranks[0].node
         cores = sorted(c for r in ranks if r.node == first for c in r.cores)

@@ -34,8 +34,8 @@ class ResourceRequest:
     exclusive_node_use: bool = False
 
     @property
-    def key(self) -> tuple[int, int | None, int | None, int, int, int, bool]:
-        """Jobs with equal keys are placed alike (one scheduling category)."""
+    def category(self) -> tuple[int, int | None, int | None, int, int, int, bool]:
+        """Jobs of equal categories are placed alike: the queue keeps one head per category."""
         return (
             self.process_count,
             self.node_count,
@@ -84,26 +84,38 @@ class JobDescription:
 
     @classmethod
     def from_wire(cls, raw: Any) -> JobDescription:
+        """A description from its wire form (hostile input: every field checked). The client sends only
+        what differs from the defaults, so the optional fields are looked at only when present."""
         if not isinstance(raw, dict):
             raise DescriptionError("job description must be a map")
-        unknown = set(raw) - _FIELDS
-        if unknown:
+        if not _FIELDS.issuperset(raw):
+            unknown = set(raw) - _FIELDS
             raise DescriptionError(f"unknown job description field(s): {', '.join(sorted(map(str, unknown)))}")
         executable = _str(raw, "executable")
         if not executable:
             raise DescriptionError("JobSpec.executable is required: set it to the program to run")
-        launcher = _opt_str(raw, "launcher") or "single"
+        fields: dict[str, Any] = {}
+        for name in _OPTIONAL_STRINGS:
+            if raw.get(name) is not None:
+                fields[name] = _str(raw, name)
+        launcher = fields.get("launcher") or "single"
         if launcher not in LAUNCHERS:
             raise DescriptionError(f"JobSpec.launcher {launcher!r} is not known: use one of {', '.join(LAUNCHERS)}")
-        directory = _opt_str(raw, "directory")
+        fields["launcher"] = launcher
+        directory = fields.get("directory")
         if directory is not None and not (directory.startswith("/") or directory.startswith("~/") or directory == "~"):
             raise DescriptionError(
                 f"JobSpec.directory {directory!r} must be absolute or start with '~/' (the PSI/J rule)"
             )
-        env = _str_map(raw, "environment")
-        for k in env:
-            if not _NAME_RE.fullmatch(k):
-                raise DescriptionError(f"JobSpec.environment name {k!r} is not a valid variable name")
+        if raw.get("arguments"):
+            fields["arguments"] = _str_list(raw, "arguments")
+        if raw.get("environment"):
+            env = fields["environment"] = _str_map(raw, "environment")
+            for k in env:
+                if not _NAME_RE.fullmatch(k):
+                    raise DescriptionError(f"JobSpec.environment name {k!r} is not a valid variable name")
+        if raw.get("inherit_environment") is not None:
+            fields["inherit_environment"] = _bool(raw, "inherit_environment", True)
         duration = raw.get("duration")
         if duration is not None:
             if isinstance(duration, bool) or not isinstance(duration, int | float) or not duration > 0:
@@ -111,40 +123,37 @@ class JobDescription:
             duration = float(duration)
             if not math.isfinite(duration):  # agents refuse such a walltime; no job runs forever
                 raise DescriptionError("JobAttributes.duration must be a finite number of seconds")
-        custom = raw.get("custom_attributes") or {}
-        if not isinstance(custom, dict) or not all(isinstance(k, str) for k in custom):
-            raise DescriptionError("JobAttributes.custom_attributes must be a map with string keys")
-        if not isinstance(custom.get(RESTARTABLE, False), bool):
-            raise DescriptionError(f"JobAttributes.custom_attributes[{RESTARTABLE!r}] must be true or false")
-        retries = custom.get(RETRIES, DEFAULT_RETRIES)
-        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
-            raise DescriptionError(
-                f"JobAttributes.custom_attributes[{RETRIES!r}] must be a whole number from 0 to {MAX_RETRIES}"
-            )
-        return cls(
-            executable=executable,
-            arguments=_str_list(raw, "arguments"),
-            directory=directory,
-            name=_opt_str(raw, "name"),
-            inherit_environment=_bool(raw, "inherit_environment", True),
-            environment=env,
-            stdin_path=_opt_str(raw, "stdin_path"),
-            stdout_path=_opt_str(raw, "stdout_path"),
-            stderr_path=_opt_str(raw, "stderr_path"),
-            pre_launch=_opt_str(raw, "pre_launch"),
-            post_launch=_opt_str(raw, "post_launch"),
-            launcher=launcher,
-            resources=_resources(raw.get("resources")),
-            duration=duration,
-            queue_name=_opt_str(raw, "queue_name"),
-            project_name=_opt_str(raw, "project_name"),
-            reservation_id=_opt_str(raw, "reservation_id"),
-            custom_attributes=custom,
-            submit_directory=_opt_str(raw, "submit_directory"),
-        )
+            fields["duration"] = duration
+        custom = raw.get("custom_attributes")
+        if custom:
+            if not isinstance(custom, dict) or not all(isinstance(k, str) for k in custom):
+                raise DescriptionError("JobAttributes.custom_attributes must be a map with string keys")
+            if not isinstance(custom.get(RESTARTABLE, False), bool):
+                raise DescriptionError(f"JobAttributes.custom_attributes[{RESTARTABLE!r}] must be true or false")
+            retries = custom.get(RETRIES, DEFAULT_RETRIES)
+            if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+                raise DescriptionError(
+                    f"JobAttributes.custom_attributes[{RETRIES!r}] must be a whole number from 0 to {MAX_RETRIES}"
+                )
+            fields["custom_attributes"] = custom
+        return cls(executable=executable, resources=_resources(raw.get("resources")), **fields)
 
 
 _FIELDS: Final = frozenset(JobDescription.__dataclass_fields__)
+_OPTIONAL_STRINGS: Final = (
+    "directory",
+    "name",
+    "stdin_path",
+    "stdout_path",
+    "stderr_path",
+    "pre_launch",
+    "post_launch",
+    "launcher",
+    "queue_name",
+    "project_name",
+    "reservation_id",
+    "submit_directory",
+)
 #: Custom attributes (PSI/J ``JobAttributes.custom_attributes``) that make a job restartable after node loss.
 RESTARTABLE: Final = "pilot.restartable"
 RETRIES: Final = "pilot.retries"
@@ -153,11 +162,36 @@ MAX_RETRIES: Final = 100
 _RES_FIELDS: Final = frozenset(ResourceRequest.__dataclass_fields__)
 
 
+#: One process of one core: what most jobs ask for, shared (it is frozen).
+_ONE_CORE: Final = ResourceRequest()
+
+
+#: Requests already read, by their wire form and its types (so that 1.0 or True never passes for 1):
+#: thousands of jobs of one workflow ask alike, and reading one costs more than looking it up.
+_READ: dict[tuple[Any, ...], ResourceRequest] = {}
+_READ_MAX: Final = 1024
+
+
 def _resources(raw: Any) -> ResourceRequest:
     if raw is None:
-        return ResourceRequest()
+        return _ONE_CORE
     if not isinstance(raw, dict):
         raise DescriptionError("JobSpec.resources must be a map")
+    try:
+        key = (*raw.items(), *map(type, raw.values()))
+        known = _READ.get(key)
+    except TypeError:  # an unhashable value: _read_resources says what is wrong with it
+        return _read_resources(raw)
+    if known is not None:
+        return known
+    request = _read_resources(raw)
+    if len(_READ) >= _READ_MAX:
+        _READ.clear()
+    _READ[key] = request
+    return request
+
+
+def _read_resources(raw: dict[Any, Any]) -> ResourceRequest:
     unknown = set(raw) - _RES_FIELDS
     if unknown:
         raise DescriptionError(f"unknown ResourceSpecV1 field(s): {', '.join(sorted(map(str, unknown)))}")

@@ -104,8 +104,8 @@ class JobRequest:
     duration: float | None = None
 
     @property
-    def key(self) -> tuple[tuple[TaskGroupRequest, ...], ...]:
-        """Jobs with equal keys form one scheduling category."""
+    def category(self) -> tuple[tuple[TaskGroupRequest, ...], ...]:
+        """Jobs of equal categories are placed alike: the queue keeps one head per category."""
         return self.variants
 
 
@@ -546,14 +546,14 @@ class SchedulingPass:
     def place(self, job_id: str, request: JobRequest) -> JobPlacement | None:
         """Take resources for every task of one variant of ``request`` (the first that fits), or
         nothing and None."""
-        if self.cache and request.key in self._full:
+        if self.cache and request.category in self._full:
             return None
         for i, variant in enumerate(request.variants):
             p = self._place_variant(job_id, variant, i)
             if p is not None:
                 return p
         if self.cache:
-            self._full.add(request.key)
+            self._full.add(request.category)
         return None
 
     def _place_variant(self, job_id: str, variant: tuple[TaskGroupRequest, ...], index: int) -> JobPlacement | None:
@@ -661,6 +661,19 @@ def release(placement: JobPlacement, resources: Resources, *, job_id: str) -> No
             s.exclusive_job = None
 
 
+def resumed_placement(request: JobRequest, ranks: Sequence[RankPlacement]) -> JobPlacement:
+    """The placement of a job placed before a daemon restart: its tasks map onto its journaled ranks in
+    order (its first variant: a job with alternatives that ran another shows the first's task numbering)."""
+    tasks = []
+    i = 0
+    for group, g in enumerate(request.variants[0]):
+        for t in range(g.task_count):
+            r = ranks[i]
+            tasks.append(TaskPlacement(group, t, r.node, r.cores, r.gpus, r.memory, g.per_task))
+            i += 1
+    return JobPlacement(tasks, 0)
+
+
 def why_not(request: JobRequest, matcher: Matcher, resources: Resources, *, idle: bool = False) -> list[str]:
     """Why ``request`` does not fit now (or, with ``idle``, can never fit this allocation): an empty
     list when it fits. For ``pilot explain`` and the refusal at submit."""
@@ -734,6 +747,7 @@ __all__ = [
     "release",
     "resolve_job",
     "resolve_task_group",
+    "resumed_placement",
     "room",
     "shares",
     "why_not",

@@ -14,8 +14,8 @@ T = TypeVar("T")
 
 
 class JobQueue(Generic[T]):
-    def __init__(self, *, key: Callable[[T], Hashable], alive: Callable[[T], bool]) -> None:
-        self._key = key
+    def __init__(self, *, category: Callable[[T], Hashable], alive: Callable[[T], bool]) -> None:
+        self._category = category
         self._alive = alive
         self._categories: dict[Hashable, deque[tuple[int, T]]] = {}
         self._seq = 0
@@ -27,13 +27,13 @@ class JobQueue(Generic[T]):
 
     def push(self, item: T) -> None:
         self._seq += 1
-        self._categories.setdefault(self._key(item), deque()).append((self._seq, item))
+        self._categories.setdefault(self._category(item), deque()).append((self._seq, item))
         self._len += 1
 
     def push_front(self, item: T) -> None:
         """Put an item back ahead of everything queued (a job taken back from an agent keeps its turn)."""
         self._front -= 1
-        self._categories.setdefault(self._key(item), deque()).appendleft((self._front, item))
+        self._categories.setdefault(self._category(item), deque()).appendleft((self._front, item))
         self._len += 1
 
     def drop(self) -> None:
@@ -44,25 +44,25 @@ class JobQueue(Generic[T]):
     def heads(self) -> Iterator[tuple[Hashable, T]]:
         """Live category heads, oldest first. Dead items at a head are discarded on the way."""
         order = []
-        for key, dq in list(self._categories.items()):
+        for category, dq in list(self._categories.items()):
             while dq and not self._alive(dq[0][1]):
                 dq.popleft()
             if not dq:
-                del self._categories[key]
+                del self._categories[category]
                 continue
-            order.append((dq[0][0], key))
+            order.append((dq[0][0], category))
         order.sort()
-        for _, key in order:
-            head = self._categories.get(key)
+        for _, category in order:
+            head = self._categories.get(category)
             if head:
-                yield key, head[0][1]
+                yield category, head[0][1]
 
-    def peek(self, key: Hashable) -> T | None:
+    def peek(self, category: Hashable) -> T | None:
         """The category's live head (dead items at its head are discarded on the way), or None."""
-        dq = self._categories.get(key)
+        dq = self._categories.get(category)
         while dq and not self._alive(dq[0][1]):
             dq.popleft()
         if dq:
             return dq[0][1]
-        self._categories.pop(key, None)
+        self._categories.pop(category, None)
         return None

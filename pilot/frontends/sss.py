@@ -1,5 +1,5 @@
-"""SSS jobs in the daemon: a submission (a Job or JobGroup as SSS XML) made into what scheduling,
-launching and ``pilot show`` need, checked whole before anything is accepted.
+"""The SSS front-end: a Job or JobGroup document compiled to :class:`~pilot.request.Request` objects,
+every job checked whole before any is accepted.
 
 A TaskGroup's tasks are processes of their own (one per task, as the spec's elaborate example
 shows them), each on the node and cores placement gave it; an ``<Extension type="PSIJ"
@@ -10,67 +10,24 @@ its own ``<Task>`` element runs what that element says (executable, arguments, s
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pilot.formats import read_job, write_job
-from pilot.model.job_description import JobDescription, ResourceRequest
-from pilot.model.sss import Dependency, EffectiveJob, EffectiveTaskGroup, Job, JobGroup, SssError, effective_jobs
-from pilot.model.sss.execution import RlimitSetting, Streams, rlimit_settings, streams
+from pilot.launchers.base import GroupLaunch, TaskLaunch
+from pilot.model.job_description import DescriptionError, JobDescription, ResourceRequest
+from pilot.model.sss import EffectiveJob, EffectiveTaskGroup, Job, JobGroup, SssError, effective_jobs
+from pilot.model.sss.execution import rlimit_settings, streams
 from pilot.model.sss.job import merge
 from pilot.model.sss.psij import description
+from pilot.request import Request, Submission
 from pilot.scheduler.cluster import Cluster
-from pilot.scheduler.dag import NewJob
-from pilot.scheduler.distribution import JobPlacement, JobRequest, resolve_job
+from pilot.scheduler.distribution import resolve_job
+
+#: Where an SSS submission carries its document (in SUBMIT and in the journal).
+DOCUMENT_KEY: Final = "sss"
 
 #: Launchers a task group may name; ``multiple`` (one process per task) when it names none.
 GROUP_LAUNCHERS: Final = ("multiple", "mpirun", "srun")
-
-
-@dataclass(frozen=True, slots=True)
-class TaskLaunch:
-    """What one task (or every task without its own Task element) runs."""
-
-    description: JobDescription
-    streams: Streams
-    rlimits: tuple[RlimitSetting, ...] = ()
-
-    @property
-    def truncate(self) -> bool:
-        """Append keeps earlier output; a file several tasks share is appended to by each."""
-        return not (self.streams.stdout_append or self.streams.stderr_append)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupLaunch:
-    launcher: str
-    template: TaskLaunch
-    tasks: dict[int, TaskLaunch] = field(default_factory=dict)
-
-    def task(self, index: int) -> TaskLaunch:
-        return self.tasks.get(index, self.template)
-
-
-@dataclass(slots=True, eq=False)
-class SssJob:
-    """The daemon's SSS side of one job: what was submitted, its resolved request, how each group
-    launches, its dependencies, and (once placed) which task runs where."""
-
-    shown: Job  # as submitted, the JobGroup's JobDefaults applied: what 'pilot show --xml' writes
-    effective: EffectiveJob
-    request: JobRequest
-    groups: tuple[GroupLaunch, ...]
-    dependencies: tuple[Dependency, ...] = ()
-    hold: bool = False
-    placement: JobPlacement | None = None
-
-    @property
-    def xml(self) -> str:
-        """The job alone, as the journal keeps it (reloaded after a restart with :func:`prepare`)."""
-        return write_job(self.shown)
-
-    def new_job(self, job_id: str) -> NewJob:
-        return NewJob(job_id, self.effective.name, self.effective.id, self.dependencies, self.effective.where)
 
 
 def read_submission(data: str | bytes) -> tuple[list[Job], list[str]]:
@@ -102,21 +59,39 @@ def read_submission(data: str | bytes) -> tuple[list[Job], list[str]]:
     raise SssError("is not a Job or JobGroup", element=type(obj).__name__)
 
 
-def prepare(job: Job, cluster: Cluster, *, where: str | None = None) -> SssJob:
-    """Everything the daemon needs of one job, or :class:`SssError` naming what cannot run."""
+def compile_entry(raw: dict[str, Any], *, cluster: Cluster) -> Submission:
+    """An SSS submission ``{"sss": document}``: every job of it, resolved against this pilot's nodes."""
+    document = raw.get(DOCUMENT_KEY)
+    if not isinstance(document, str | bytes):
+        raise DescriptionError("an SSS submission carries its XML document as text under 'sss'")
+    jobs, warnings = read_submission(document)
+    return Submission([prepare(job, cluster) for job in jobs], warnings, document=True)
+
+
+def rebuild(description: JobDescription, extra: dict[str, Any], *, cluster: Cluster) -> Request:
+    """A journaled SSS job, from the document the journal kept (its description is derived again)."""
+    return prepare(read_submission(extra[DOCUMENT_KEY])[0][0], cluster)
+
+
+def prepare(job: Job, cluster: Cluster) -> Request:
+    """One job compiled, or :class:`SssError` naming what cannot run."""
     eff = effective_jobs(job)[0]
-    if where is not None:
-        eff = dataclasses.replace(eff, where=where)
-    request = resolve_job(eff, cluster)
+    resolved = resolve_job(eff, cluster)
     groups = tuple(_group(eff, tg) for tg in eff.task_groups)
     props = eff.properties
-    return SssJob(
-        shown=job,
-        effective=eff,
-        request=request,
-        groups=groups,
+    description = dataclasses.replace(groups[0].template.description, launcher="single")
+    return Request(
+        description,
+        groups,
+        resolved.category,
+        resolved=resolved,
+        where=eff.where,
+        name=eff.name,
+        local_id=eff.id,
         dependencies=tuple(props.dependencies),
         hold=bool(props.holds),
+        entry={**description.to_wire(), DOCUMENT_KEY: write_job(job)},
+        shown=job,
     )
 
 
@@ -137,7 +112,7 @@ def _group(job: EffectiveJob, tg: EffectiveTaskGroup) -> GroupLaunch:
                 element=t.where,
             )
         tasks[t.index] = _launch(job, dataclasses.replace(tg, properties=t.properties), t.where)
-    return GroupLaunch(launcher, template, tasks)
+    return GroupLaunch(launcher, template, tasks, labelled=True, named_by=f'{tg.where}: Extension name="Launcher"')
 
 
 def _launch(job: EffectiveJob, tg: EffectiveTaskGroup, where: str) -> TaskLaunch:
@@ -159,24 +134,8 @@ def _launch(job: EffectiveJob, tg: EffectiveTaskGroup, where: str) -> TaskLaunch
         stderr_path=stderr,
         launcher="multiple",
     )
-    return TaskLaunch(d, s, tuple(rlimit_settings(p.resource_limits, where=where)))
+    truncate = not (s.stdout_append or s.stderr_append)  # Append keeps earlier output
+    return TaskLaunch(d, truncate, tuple(rlimit_settings(p.resource_limits, where=where)))
 
 
-def placement_wire(placement: JobPlacement) -> list[Any]:
-    """The placement as the journal keeps it: which variant, per task (group, index), and per-job amounts."""
-    return [
-        placement.variant,
-        [[t.group, t.task, list(t.amounts)] for t in placement.tasks],
-        [[level, [list(a) for a in amounts]] for level, amounts in placement.per_job],
-    ]
-
-
-__all__ = [
-    "GROUP_LAUNCHERS",
-    "GroupLaunch",
-    "SssJob",
-    "TaskLaunch",
-    "placement_wire",
-    "prepare",
-    "read_submission",
-]
+__all__ = ["DOCUMENT_KEY", "GROUP_LAUNCHERS", "compile_entry", "prepare", "read_submission", "rebuild"]

@@ -1,0 +1,30 @@
+"""The PSI/J front-end: one JobDescription in its wire form (what the client's JobSpec becomes) compiled
+to a one-group :class:`~pilot.request.Request`; dependencies come from its ``depends_on`` attribute."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pilot.model.job_description import JobDescription
+from pilot.request import Request, Submission
+from pilot.scheduler.cluster import Cluster
+from pilot.scheduler.dag import DEPENDS_ON, dependencies_from_custom
+
+
+def compile_entry(raw: Any, *, cluster: Cluster) -> Submission:
+    """Raises DescriptionError naming the field at fault. ``raw`` is what the journal keeps: from_wire
+    accepted it."""
+    description = JobDescription.from_wire(raw)
+    request = Request.of_description(description, entry=raw)
+    custom = description.custom_attributes
+    if DEPENDS_ON in custom:
+        request.dependencies = tuple(dependencies_from_custom(custom))
+    return Submission([request])
+
+
+def rebuild(description: JobDescription, extra: dict[str, Any], *, cluster: Cluster) -> Request:
+    """A journaled job (its dependency edges are restored from the journal, not from here)."""
+    return Request.of_description(description)
+
+
+__all__ = ["compile_entry", "rebuild"]
