@@ -18,6 +18,7 @@ import zmq
 
 from agent.agent import Agent
 from agent.probe import cpu_map_from_spec, probe, spec_from_env, specs_from_env
+from pilot.collector import collect_rarely
 from pilot.logs import configure
 from pilot.security import credentials_from_env
 
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
                 for agent in agents:
                     tg.start_soon(agent.run)
 
+        collect_rarely()
         try:
             anyio.run(run_all)
         except KeyboardInterrupt:
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         launch=args.launch,
         null_duration=args.null_duration,
     )
+    collect_rarely()
     try:
         anyio.run(agent.run)
     except KeyboardInterrupt:

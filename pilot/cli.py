@@ -149,10 +149,12 @@ def _up(args: argparse.Namespace) -> None:
 def _serve(cfg: config_mod.Config, rundir: RunDir, *, embedded: bool, parent_pid: int | None) -> None:
     import anyio
 
+    from pilot.collector import collect_rarely
     from pilot.daemon import Daemon, DaemonError
     from pilot.logs import configure
 
     configure(level=cfg.pilot.log_level)
+    collect_rarely()
     daemon = Daemon(config=cfg, rundir=rundir, embedded=embedded)
 
     async def serve() -> None:
