@@ -64,8 +64,9 @@ class JobRecord:
     run: Attempt = field(default_factory=Attempt)
     cancel_reason: str | None = None
     closing: bool = False  # stopped because the allocation's walltime was ending
-    #: Client connections that follow its statuses (ZeroMQ routing identities).
-    subscribers: set[bytes] = field(default_factory=set)
+    #: Client connections that follow its statuses (ZeroMQ routing identities): almost always one, so a
+    #: tuple (a set of one costs four times its size, for every job queued).
+    subscribers: tuple[bytes, ...] = ()
     #: What it asks for, in the one shape every language compiles to (None: the plain request of
     #: ``description``, made when the record is).
     request: Request = None  # type: ignore[assignment]

@@ -29,47 +29,96 @@ from pilot.scheduler.distribution import JobRequest
 _NEEDS: Final = {name: launcher.needs_lrm for name, launcher in LAUNCHERS.items()}
 
 
-@dataclass(slots=True, eq=False)
 class Request:
-    description: JobDescription
-    groups: tuple[GroupLaunch, ...]
-    #: Jobs with equal categories are placed alike (the queue keeps one head per category).
-    category: Hashable
-    #: Exactly one of the two placement shapes is set.
-    slots: ResourceRequest | None = None
-    resolved: JobRequest | None = None
-    #: Names the job in messages (an SSS element path); None: "job <id>".
-    where: str | None = None
-    #: What dependency designators find it by (its name, its submitter's own id), and what it waits for.
-    name: str | None = None
-    local_id: str | None = None
-    dependencies: tuple[Dependency, ...] = ()
-    hold: bool = False
-    #: What the journal keeps of it (the front-end's form), to rebuild it after a restart.
-    entry: dict[str, Any] = field(default_factory=dict)
-    #: The job as an SSS Job for 'pilot show --xml' when it was written as one; None: made from the description.
-    shown: Job | None = None
+    """One job as every part after its front-end sees it. Thousands of them wait in a queue, so it
+    holds no more than it must: a plain job's task group is made from its description when first
+    asked for (at placement), not kept while it waits."""
+
+    __slots__ = (
+        "_groups",
+        "dependencies",
+        "description",
+        "hold",
+        "local_id",
+        "name",
+        "resolved",
+        "shown",
+        "slots",
+        "where",
+    )
+
+    def __init__(
+        self,
+        description: JobDescription,
+        groups: tuple[GroupLaunch, ...] | None = None,
+        *,
+        slots: ResourceRequest | None = None,
+        resolved: JobRequest | None = None,
+        where: str | None = None,
+        name: str | None = None,
+        local_id: str | None = None,
+        dependencies: tuple[Dependency, ...] = (),
+        hold: bool = False,
+        shown: Job | None = None,
+    ) -> None:
+        if (slots is None) == (resolved is None):
+            raise ValueError("a request has exactly one placement shape: slots or resolved")
+        if groups is None and slots is None:
+            raise ValueError("a request of task groups names its groups")
+        self.description = description
+        self._groups = groups
+        #: Alike processes holding cores, GPUs and memory (slot placement, the fast path) ...
+        self.slots = slots
+        #: ... or task groups with requirements, consumables, distribution and variants (matching).
+        self.resolved = resolved
+        #: Names the job in messages (an SSS element path); None: "job <id>".
+        self.where = where
+        #: What dependency designators find it by (its name, its submitter's own id), and what it waits for.
+        self.name = name
+        self.local_id = local_id
+        self.dependencies = dependencies
+        self.hold = hold
+        #: The job as an SSS Job for 'pilot show --xml' when it was written as one; None: made from the description.
+        self.shown = shown
+
+    @classmethod
+    def of_description(cls, description: JobDescription) -> Request:
+        """A plain job: one group of ``description.resources.process_count`` alike processes."""
+        return cls(description, slots=description.resources, name=description.name)
+
+    @property
+    def groups(self) -> tuple[GroupLaunch, ...]:
+        """Its task groups: what each task runs and which launcher starts it."""
+        groups = self._groups
+        if groups is None:
+            d = self.description
+            groups = self._groups = (GroupLaunch(d.launcher, TaskLaunch(d)),)
+        return groups
+
+    @property
+    def category(self) -> Hashable:
+        """Jobs of equal categories are placed alike: the queue keeps one head per category."""
+        if self.slots is not None:
+            return self.slots.category
+        assert self.resolved is not None
+        return self.resolved.category
+
+    def launchers(self) -> list[tuple[str, str]]:
+        """Each launcher it needs, with where the request named it (for messages)."""
+        if self._groups is None:
+            return [(self.description.launcher, "JobSpec.launcher")]
+        return [(g.launcher, g.named_by) for g in self._groups]
 
     @property
     def needs_lrm(self) -> str | None:
         """The batch system its launchers need (srun: slurm), so it is placed only there; None for any."""
-        for g in self.groups:
+        if self._groups is None:
+            return _NEEDS.get(self.description.launcher)
+        for g in self._groups:
             needs = _NEEDS.get(g.launcher)
             if needs is not None:
                 return needs
         return None
-
-    @classmethod
-    def of_description(cls, description: JobDescription, *, entry: dict[str, Any] | None = None) -> Request:
-        """A plain job: one group of ``description.resources.process_count`` alike processes."""
-        return cls(
-            description,
-            (GroupLaunch(description.launcher, TaskLaunch(description)),),
-            description.resources.category,
-            slots=description.resources,
-            name=description.name,
-            entry=entry if entry is not None else {},
-        )
 
     def new_job(self, job_id: str) -> NewJob:
         return NewJob(job_id, self.name, self.local_id, self.dependencies, self.where or f"job {job_id}")
@@ -77,10 +126,12 @@ class Request:
 
 @dataclass(slots=True)
 class Submission:
-    """What one submitted entry compiled to: its jobs (accepted together or not at all), the reader's
-    warnings, and whether it was a document (answered with a list of ids) or a single job."""
+    """What one submitted entry compiled to: its jobs (accepted together or not at all), what the journal
+    keeps of each (the front-end's own form, to rebuild it after a restart), the reader's warnings, and
+    whether it was a document (answered with a list of ids) or a single job."""
 
     requests: list[Request]
+    entries: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     document: bool = False
 

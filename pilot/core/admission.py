@@ -76,7 +76,8 @@ class Admission(Part):
                 return {"error": f"no job {job_id!r} in this pilot"}
             status, name = found  # ended: its final status is all there is to follow
             return {"id": job_id, "status": status, "name": name}
-        job.subscribers.add(ident)
+        if ident not in job.subscribers:
+            job.subscribers += (ident,)
         return {"id": job_id, "status": job.status(), "name": job.description.name}
 
     def _submit_one(self, ident: bytes, raw: Any, *, key: str | None = None) -> dict[str, Any]:
@@ -93,8 +94,8 @@ class Admission(Part):
             graphed = False  # jobs without dependencies (or an id to be found by) stay out of the graph
             for i, request in enumerate(submission.requests):
                 graphed = graphed or bool(request.dependencies or request.local_id)
-                for g in request.groups:
-                    self._check_launcher(g.launcher, what=g.named_by)
+                for launcher, named_by in request.launchers():
+                    self._check_launcher(launcher, what=named_by)
                 never = self.nodes.never_fits(request)
                 if never:
                     where = request.where or "the job"
@@ -112,8 +113,7 @@ class Admission(Part):
                 book.graph.add([job.request.new_job(job.id) for job in records], known=book.known, named=book.named)
         except DescriptionError as exc:  # SssError is one
             return {"error": str(exc)}
-        for job in records:
-            entry = job.request.entry
+        for job, entry in zip(records, submission.entries, strict=True):
             if graphed:
                 job.edges = book.graph.edges_of(job.id) or None
                 if job.edges is not None:

@@ -132,7 +132,8 @@ class JobBook:
     def accept(self, ident: bytes, job: JobRecord, raw: Any, *, key: str | None = None) -> None:
         self.seq += 1
         assert job.id == str(self.seq)
-        job.subscribers.add(ident)
+        if ident not in job.subscribers:
+            job.subscribers += (ident,)
         self.jobs[job.id] = job
         self.outbox.journal.job_accepted(job.id, self.seq, raw, job.submitted, key=key)
         if key is not None:

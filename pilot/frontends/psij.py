@@ -15,11 +15,11 @@ def compile_entry(raw: Any, *, cluster: Cluster) -> Submission:
     """Raises DescriptionError naming the field at fault. ``raw`` is what the journal keeps: from_wire
     accepted it."""
     description = JobDescription.from_wire(raw)
-    request = Request.of_description(description, entry=raw)
+    request = Request.of_description(description)
     custom = description.custom_attributes
     if DEPENDS_ON in custom:
         request.dependencies = tuple(dependencies_from_custom(custom))
-    return Submission([request])
+    return Submission([request], [raw])
 
 
 def rebuild(description: JobDescription, extra: dict[str, Any], *, cluster: Cluster) -> Request:

@@ -65,7 +65,9 @@ def compile_entry(raw: dict[str, Any], *, cluster: Cluster) -> Submission:
     if not isinstance(document, str | bytes):
         raise DescriptionError("an SSS submission carries its XML document as text under 'sss'")
     jobs, warnings = read_submission(document)
-    return Submission([prepare(job, cluster) for job in jobs], warnings, document=True)
+    requests = [prepare(job, cluster) for job in jobs]
+    entries = [{**r.description.to_wire(), DOCUMENT_KEY: write_job(job)} for r, job in zip(requests, jobs, strict=True)]
+    return Submission(requests, entries, warnings, document=True)
 
 
 def rebuild(description: JobDescription, extra: dict[str, Any], *, cluster: Cluster) -> Request:
@@ -83,14 +85,12 @@ def prepare(job: Job, cluster: Cluster) -> Request:
     return Request(
         description,
         groups,
-        resolved.category,
         resolved=resolved,
         where=eff.where,
         name=eff.name,
         local_id=eff.id,
         dependencies=tuple(props.dependencies),
         hold=bool(props.holds),
-        entry={**description.to_wire(), DOCUMENT_KEY: write_job(job)},
         shown=job,
     )
 

@@ -7,8 +7,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import ClassVar
 
 from pilot.model.job_description import JobDescription
@@ -27,6 +28,9 @@ class TaskLaunch:
     rlimits: tuple[RlimitSetting, ...] = ()
 
 
+_NO_TASKS: Mapping[int, TaskLaunch] = MappingProxyType({})
+
+
 @dataclass(slots=True, eq=False)
 class GroupLaunch:
     """How one task group is launched: its launcher, what its tasks run (a task may run its own
@@ -34,7 +38,7 @@ class GroupLaunch:
 
     launcher: str
     template: TaskLaunch
-    tasks: dict[int, TaskLaunch] = field(default_factory=dict)
+    tasks: Mapping[int, TaskLaunch] = field(default_factory=lambda: _NO_TASKS)
     labelled: bool = False
     #: Where the request named its launcher, for messages ("JobSpec.launcher").
     named_by: str = "JobSpec.launcher"

@@ -25,12 +25,13 @@ class Lines:
         text = entry["lines"]
         if not isinstance(text, str) or not text.strip():
             raise DescriptionError("a lines document holds one command per line; it is empty")
-        requests = []
+        requests, entries = [], []
         for line in text.splitlines():
             executable, *arguments = line.split()
             d = JobDescription(executable=executable, arguments=arguments)
-            requests.append(Request.of_description(d, entry={**d.to_wire(), "lines": line}))
-        return Submission(requests, document=True)
+            requests.append(Request.of_description(d))
+            entries.append({**d.to_wire(), "lines": line})
+        return Submission(requests, entries, document=True)
 
     def rebuild(self, description: JobDescription, extra: dict[str, Any], *, cluster: Cluster) -> Request:
         return Request.of_description(description)
