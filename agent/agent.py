@@ -40,7 +40,7 @@ from pilot.wire.messages import (
     HeartbeatReply,
     Kill,
     Launch,
-    ProcessKey,
+    ProcessRef,
     Register,
     Registered,
     Stop,
@@ -117,7 +117,7 @@ class Agent:
         self._registered = False
         self._last_heard = time.monotonic()
         self._next_beat = 0.0
-        self._timers: list[tuple[float, ProcessKey, str]] = []
+        self._timers: list[tuple[float, ProcessRef, str]] = []
         self._stopping: str | None = None  # None | "term" | "kill"
         self._stop_reason = ""
         self._stop_deadline = 0.0
@@ -143,8 +143,8 @@ class Agent:
                 tg.cancel_scope.cancel()
         finally:
             self._submit()  # orders received in the last turn are the engine's to report, killed
-            for key in self._engine.running():
-                self._engine.kill(key, reason="agent exiting", sig=signal.SIGKILL)
+            for ref in self._engine.running():
+                self._engine.kill(ref, reason="agent exiting", sig=signal.SIGKILL)
             await anyio.to_thread.run_sync(self._engine.stop)
             self._forward()
             self._queue(Bye(self.node.name))
@@ -249,12 +249,12 @@ class Agent:
             return
         self._submit()  # what came before this message first: a KILL or WITHDRAW finds its order
         if isinstance(msg, Kill):
-            for key in msg.keys:
-                if self._engine.kill(key, reason=msg.reason):
-                    self._add_timer(time.monotonic() + self._kill_grace, key, "kill")
+            for ref in msg.processes:
+                if self._engine.kill(ref, reason=msg.reason):
+                    self._add_timer(time.monotonic() + self._kill_grace, ref, "kill")
         elif isinstance(msg, Withdraw):
-            for key in msg.keys:
-                self._engine.withdraw(key)
+            for ref in msg.processes:
+                self._engine.withdraw(ref)
         elif isinstance(msg, Registered):
             self._registered = True
             self._acked(msg.acked)
@@ -304,7 +304,7 @@ class Agent:
             return
         # A process that started and exited within one batch is reported by its exit alone (it carries
         # the start time): fewer events for short tasks, and the client synthesises ACTIVE.
-        exited: set[ProcessKey] | None = None
+        exited: set[ProcessRef] | None = None
         out: list[TaskEvent] = []
         for ev in events:
             if ev.kind == "started":
@@ -323,8 +323,8 @@ class Agent:
 
     # -- timers: heartbeat, walltime, kill escalation, stopping -----------------------------------
 
-    def _add_timer(self, when: float, key: ProcessKey, action: str) -> None:
-        heapq.heappush(self._timers, (when, key, action))
+    def _add_timer(self, when: float, ref: ProcessRef, action: str) -> None:
+        heapq.heappush(self._timers, (when, ref, action))
 
     def _next_deadline(self) -> float:
         when = self._next_beat
@@ -360,14 +360,14 @@ class Agent:
                 log.error("daemon silent, stopping", node=self.node.name, seconds=self._orphan_timeout)
                 self._begin_stop(f"agent on {self.node.name} lost its daemon")
         while self._timers and self._timers[0][0] <= now:
-            _, key, action = heapq.heappop(self._timers)
-            if not self._engine.is_running(key):
+            _, ref, action = heapq.heappop(self._timers)
+            if not self._engine.is_running(ref):
                 continue
             if action == "walltime":
-                self._engine.kill(key, reason="walltime")
-                self._add_timer(now + self._kill_grace, key, "kill")
+                self._engine.kill(ref, reason="walltime")
+                self._add_timer(now + self._kill_grace, ref, "kill")
             else:
-                self._engine.kill(key, reason="killed", sig=signal.SIGKILL)
+                self._engine.kill(ref, reason="killed", sig=signal.SIGKILL)
         if self._stopping:
             self._advance_stop(now)
 
@@ -390,15 +390,15 @@ class Agent:
         self._stopping = "term"
         self._stop_reason = reason
         self._stop_deadline = time.monotonic() + self._kill_grace
-        for key in self._engine.running():
-            self._engine.kill(key, reason=reason)
+        for ref in self._engine.running():
+            self._engine.kill(ref, reason=reason)
 
     def _advance_stop(self, now: float) -> None:
         if not self._engine.busy():
             self._done = True
         elif now >= self._stop_deadline and self._stopping == "term":
-            for key in self._engine.running():
-                self._engine.kill(key, reason=self._stop_reason, sig=signal.SIGKILL)
+            for ref in self._engine.running():
+                self._engine.kill(ref, reason=self._stop_reason, sig=signal.SIGKILL)
             self._stopping = "kill"
             self._stop_deadline = now + max(5.0, self._kill_grace)
         elif now >= self._stop_deadline:

@@ -3,13 +3,13 @@
 Three kinds of thread touch a task: the agent's loop (orders in, kills, events out), the spawner threads
 that start processes (:mod:`agent.spawning`) and the reaper that waits for them (:mod:`agent.reaping`;
 with pidfds, a pinned spawner also waits for its own task). What they share lives here, under one lock
-that every step takes once: the running processes by pid and by key, the orders being started and those
-waiting for their cores, the cores' users, and the events not drained yet with the state of their hold.
-One lock, not one per part, because each step changes several parts together (an exit frees its cores,
-hands the orders that waited on them to their spawners and queues its event), and :meth:`snapshot`
-must see them all at one instant. The spawner and reaper call this class's underscored methods and read
-its table under its lock directly: they are parts of the engine split out by thread, not clients of it
-(an accessor per read would cost on every task).
+that every step takes once: the running processes by pid and by ref (job id, slot), the orders being
+started and those waiting for their cores, the cores' users, and the events not drained yet with the
+state of their hold. One lock, not one per part, because each step changes several parts together (an
+exit frees its cores, hands the orders that waited on them to their spawners and queues its event), and
+:meth:`snapshot` must see them all at one instant. The spawner and reaper call this class's underscored
+methods and read its table under its lock directly: they are parts of the engine split out by thread,
+not clients of it (an accessor per read would cost on every task).
 
 Events go to the loop through a list and one ``notify`` (a self-pipe): a burst of exits costs one
 wake-up, and most starts none (see :meth:`ProcessEngine.drain` and ``_report``).
@@ -35,7 +35,7 @@ from agent.spawning import Spawners
 from agent.table import Running, take_waiting
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
-from pilot.wire.messages import ProcessKey, TaskEvent
+from pilot.wire.messages import ProcessRef, TaskEvent
 
 log = structlog.get_logger("agent.processes")
 
@@ -53,9 +53,9 @@ class ProcessEngine:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._by_pid: dict[int, Running] = {}
-        self._by_key: dict[ProcessKey, Running] = {}
+        self._by_ref: dict[ProcessRef, Running] = {}
         self._early: dict[int, tuple[int, Any, float]] = {}
-        self._cancelled: dict[ProcessKey, str] = {}
+        self._cancelled: dict[ProcessRef, str] = {}
         self._core_users: dict[int, int] = {}  # core -> processes (running, or handed to a spawner) on it
         self._waiting: list[ProcessOrder] = []
         self._events: list[TaskEvent] = []
@@ -71,9 +71,9 @@ class ProcessEngine:
         self._handoffs = 0  # orders put on a spawner's queue and not taken yet
         self._stopping = False
         self._pending_orders = 0
-        #: Orders accepted and not yet started or failed: a key leaves this set only in the same locked
+        #: Orders accepted and not yet started or failed: a ref leaves this set only in the same locked
         #: step that records its first event, so :meth:`snapshot` never misses a process.
-        self._pending_keys: dict[ProcessKey, int] = {}
+        self._pending_refs: dict[ProcessRef, int] = {}
         self._reaper = Reaper(engine=self)
         self._pidfds = self._reaper.pidfds
         self._spawners = Spawners(
@@ -104,8 +104,8 @@ class ProcessEngine:
             users[c] = users.get(c, 0) + 1
         self._pending_orders += 1
         self._handoffs += 1
-        key = (order.job_id, order.slot)
-        self._pending_keys[key] = self._pending_keys.get(key, 0) + 1
+        ref = (order.job_id, order.slot)
+        self._pending_refs[ref] = self._pending_refs.get(ref, 0) + 1
         self._spawners.hand(order, stopping=self._stopping)
 
     def _release(self, order: ProcessOrder) -> None:
@@ -187,7 +187,7 @@ class ProcessEngine:
                 return events
             out: list[TaskEvent] = []
             for e in events:
-                run = self._by_key.get((e.job_id, e.slot)) if e.kind == "started" else None
+                run = self._by_ref.get((e.job_id, e.slot)) if e.kind == "started" else None
                 if run is not None and now - run.started_mono < _START_HOLD:
                     self._events.append(e)
                     if self._held_since is None or run.started_mono < self._held_since:
@@ -196,16 +196,16 @@ class ProcessEngine:
                     out.append(e)
         return out
 
-    def kill(self, key: ProcessKey, *, reason: str, sig: int = signal.SIGTERM) -> bool:
-        """Signal the process group of ``key``; an order not started yet is dropped. False if unknown."""
+    def kill(self, ref: ProcessRef, *, reason: str, sig: int = signal.SIGTERM) -> bool:
+        """Signal the process group of ``ref``; an order not started yet is dropped. False if unknown."""
         with self._lock:
-            run = self._by_key.get(key)
+            run = self._by_ref.get(ref)
             if run is None:
-                waiting = take_waiting(self._waiting, key)
+                waiting = take_waiting(self._waiting, ref)
                 if waiting is not None:
-                    self._report(TaskEvent(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False}))
+                    self._report(TaskEvent(ref[0], ref[1], "exited", time.time(), {"reason": reason, "spawned": False}))
                 elif self._pending_orders:
-                    self._cancelled[key] = reason
+                    self._cancelled[ref] = reason
                 else:
                     return False
                 notify = waiting is not None
@@ -224,43 +224,43 @@ class ProcessEngine:
             pass
         return True
 
-    def withdraw(self, key: ProcessKey) -> bool:
+    def withdraw(self, ref: ProcessRef) -> bool:
         """Drop an order still waiting here for its cores (the daemon places it elsewhere) and report
         it ``withdrawn``; False when it is not waiting any more (started, being started, or unknown):
         then it runs here as ordered, and its events say so."""
         with self._lock:
-            if take_waiting(self._waiting, key) is None:
+            if take_waiting(self._waiting, ref) is None:
                 return False
-            wake = self._report(TaskEvent(key[0], key[1], "withdrawn", time.time(), {}))
+            wake = self._report(TaskEvent(ref[0], ref[1], "withdrawn", time.time(), {}))
         if wake:
             self._notify()
         return True
 
-    def deadline(self, key: ProcessKey) -> float | None:
-        """Monotonic time at which ``key`` exceeds its walltime, if it runs and has one."""
+    def deadline(self, ref: ProcessRef) -> float | None:
+        """Monotonic time at which ``ref`` exceeds its walltime, if it runs and has one."""
         with self._lock:
-            run = self._by_key.get(key)
+            run = self._by_ref.get(ref)
             if run is None or run.order.walltime is None:
                 return None
             return run.started_mono + run.order.walltime
 
-    def is_running(self, key: ProcessKey) -> bool:
+    def is_running(self, ref: ProcessRef) -> bool:
         with self._lock:
-            return key in self._by_key
+            return ref in self._by_ref
 
-    def running(self) -> list[ProcessKey]:
-        """Keys of the processes this agent runs and of the orders waiting for their cores."""
+    def running(self) -> list[ProcessRef]:
+        """Refs of the processes this agent runs and of the orders waiting for their cores."""
         with self._lock:
             return self._running_locked()
 
-    def _running_locked(self) -> list[ProcessKey]:
-        keys = dict.fromkeys(self._by_key)
-        keys.update(dict.fromkeys(self._pending_keys))
-        keys.update(dict.fromkeys((w.job_id, w.slot) for w in self._waiting))
-        return list(keys)
+    def _running_locked(self) -> list[ProcessRef]:
+        refs = dict.fromkeys(self._by_ref)
+        refs.update(dict.fromkeys(self._pending_refs))
+        refs.update(dict.fromkeys((w.job_id, w.slot) for w in self._waiting))
+        return list(refs)
 
-    def snapshot(self) -> tuple[list[ProcessKey], list[TaskEvent]]:
-        """Running keys and the events not drained yet, taken together: every order this agent got is
+    def snapshot(self) -> tuple[list[ProcessRef], list[TaskEvent]]:
+        """Running refs and the events not drained yet, taken together: every order this agent got is
         in one or the other (or in events drained before), which a restarted daemon relies on to tell
         orders the agent never received from ones it ran."""
         with self._lock:
@@ -271,13 +271,13 @@ class ProcessEngine:
 
     def busy(self) -> bool:
         with self._lock:
-            return bool(self._by_key) or self._pending_orders > 0 or bool(self._waiting)
+            return bool(self._by_ref) or self._pending_orders > 0 or bool(self._waiting)
 
     def sample(self) -> None:
         """psutil pass over running process trees (peak RSS of the whole tree, for Delivered)."""
         now = time.monotonic()
         with self._lock:
-            runs = [r for r in self._by_key.values() if now - r.started_mono > 1.0]
+            runs = [r for r in self._by_ref.values() if now - r.started_mono > 1.0]
         for run in runs:
             try:
                 proc = psutil.Process(run.pid)
@@ -306,35 +306,35 @@ class ProcessEngine:
     def _unpend(self, order: ProcessOrder) -> None:
         """The order is no longer being started (the lock held): it runs, or it never will."""
         self._pending_orders -= 1
-        key = (order.job_id, order.slot)
-        left = self._pending_keys[key] - 1
+        ref = (order.job_id, order.slot)
+        left = self._pending_refs[ref] - 1
         if left:
-            self._pending_keys[key] = left
+            self._pending_refs[ref] = left
         else:
-            del self._pending_keys[key]
+            del self._pending_refs[ref]
 
-    def _taken(self, key: ProcessKey) -> bool:
-        """A spawner took the order of ``key`` off its queue: False when it was cancelled meanwhile
+    def _taken(self, ref: ProcessRef) -> bool:
+        """A spawner took the order of ``ref`` off its queue: False when it was cancelled meanwhile
         (reported here)."""
         with self._lock:
             self._handoffs -= 1
-            cancelled = self._cancelled.pop(key, None) if self._cancelled else None
+            cancelled = self._cancelled.pop(ref, None) if self._cancelled else None
             wake, self._wake_owed = self._wake_owed, False
         if wake:  # the hand-off that mattered is done (see _report)
             self._notify()
         if cancelled is not None:
-            self._emit(TaskEvent(key[0], key[1], "exited", time.time(), {"reason": cancelled, "spawned": False}))
+            self._emit(TaskEvent(ref[0], ref[1], "exited", time.time(), {"reason": cancelled, "spawned": False}))
             return False
         return True
 
-    def _started(self, key: ProcessKey, run: Running, started: TaskEvent, *, reaps: bool) -> bool:
-        """A process runs for ``key``: into the table, its ``started`` event queued. True when the spawner
+    def _started(self, ref: ProcessRef, run: Running, started: TaskEvent, *, reaps: bool) -> bool:
+        """A process runs for ``ref``: into the table, its ``started`` event queued. True when the spawner
         that started it waits for it itself (``reaps``, with pidfds); else the reaper does."""
         pid = run.pid
         own = False
         with self._lock:
             self._by_pid[pid] = run
-            self._by_key[key] = run
+            self._by_ref[ref] = run
             early = self._early.pop(pid, None) if self._early else None
             self._events.append(started)  # no wake-up: see drain
             # Not pending from here on, in the same step: an exit reaped right away (a short task's)
@@ -350,7 +350,7 @@ class ProcessEngine:
             try:
                 self._finish(pid, *early)
             except Exception:  # it started: the spawner must not count it as never started
-                log.exception("reaping an early exit failed", job=key[0], slot=key[1])
+                log.exception("reaping an early exit failed", job=ref[0], slot=ref[1])
         return own
 
     def _never_started(self, order: ProcessOrder) -> None:
@@ -370,7 +370,7 @@ class ProcessEngine:
             # The process is gone: its cores first, so that the order waiting on them reaches its
             # spawner before anything else (the task's exit event, the loop's wake-up) takes the GIL.
             self._free(run.order)
-            key = (run.order.job_id, run.order.slot)
+            ref = (run.order.job_id, run.order.slot)
         code = os.waitstatus_to_exitcode(status)
         if run.popen is not None:
             run.popen.returncode = code  # reaped here: its Popen must not wait for it again
@@ -391,8 +391,8 @@ class ProcessEngine:
                 data["environment"], data["unset"] = environment.changes(run.env, after)
         event = TaskEvent(run.order.job_id, run.order.slot, "exited", run.started + data["wall_duration"], data)
         with self._lock:
-            if self._by_key.get(key) is run:
-                del self._by_key[key]  # in the same step as its exit event: see snapshot()
+            if self._by_ref.get(ref) is run:
+                del self._by_ref[ref]  # in the same step as its exit event: see snapshot()
             events = self._events
             if events and events[-1] is run.start_event:
                 # Not sent yet, and the exit carries the start (a short task's, mostly): one event, not

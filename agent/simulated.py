@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from agent.table import take_waiting
 from pilot.model.process_order import ProcessOrder
-from pilot.wire.messages import ProcessKey, TaskEvent
+from pilot.wire.messages import ProcessRef, TaskEvent
 
 
 @dataclass(slots=True)
@@ -39,13 +39,13 @@ class NullEngine:
         if not duration >= 0:  # NaN included
             raise ValueError(f"simulated duration must be >= 0 seconds, not {duration!r}")
         self._duration = duration
-        self._running: dict[ProcessKey, _Simulated] = {}
+        self._running: dict[ProcessRef, _Simulated] = {}
         self._waiting: list[ProcessOrder] = []
         self._core_users: Counter[int] = Counter()
-        self._due: list[tuple[float, int, ProcessKey]] = []  # (monotonic end, tie-break, key)
+        self._due: list[tuple[float, int, ProcessRef]] = []  # (monotonic end, tie-break, ref)
         self._tie = itertools.count()
         self._events: list[TaskEvent] = []
-        self._ending: deque[ProcessKey] = deque()  # started with no duration: they exit in the same step
+        self._ending: deque[ProcessRef] = deque()  # started with no duration: they exit in the same step
 
     # -- the engine interface (all called from the agent's loop) ----------------------------------
 
@@ -70,10 +70,10 @@ class NullEngine:
     def poll(self, mono: float) -> None:
         """End the simulated processes whose duration is over."""
         while self._due and self._due[0][0] <= mono:
-            _, _, key = heapq.heappop(self._due)
-            run = self._running.get(key)
+            _, _, ref = heapq.heappop(self._due)
+            run = self._running.get(ref)
             if run is not None:
-                self._exit(key, run, exit_code=0, sig=None)
+                self._exit(ref, run, exit_code=0, sig=None)
         self._settle()
 
     def next_deadline(self) -> float | None:
@@ -87,38 +87,38 @@ class NullEngine:
         events, self._events = self._events, []
         return events
 
-    def snapshot(self) -> tuple[list[ProcessKey], list[TaskEvent]]:
+    def snapshot(self) -> tuple[list[ProcessRef], list[TaskEvent]]:
         return self.running(), self.drain()
 
-    def kill(self, key: ProcessKey, *, reason: str, sig: int = signal.SIGTERM) -> bool:
-        run = self._running.get(key)
+    def kill(self, ref: ProcessRef, *, reason: str, sig: int = signal.SIGTERM) -> bool:
+        run = self._running.get(ref)
         if run is not None:
             if run.reason is None:
                 run.reason = reason
-            self._exit(key, run, exit_code=None, sig=int(sig))
+            self._exit(ref, run, exit_code=None, sig=int(sig))
             self._settle()
             return True
-        if take_waiting(self._waiting, key) is None:
+        if take_waiting(self._waiting, ref) is None:
             return False
-        self._events.append(TaskEvent(key[0], key[1], "exited", time.time(), {"reason": reason, "spawned": False}))
+        self._events.append(TaskEvent(ref[0], ref[1], "exited", time.time(), {"reason": reason, "spawned": False}))
         return True
 
-    def withdraw(self, key: ProcessKey) -> bool:
-        if take_waiting(self._waiting, key) is None:
+    def withdraw(self, ref: ProcessRef) -> bool:
+        if take_waiting(self._waiting, ref) is None:
             return False
-        self._events.append(TaskEvent(key[0], key[1], "withdrawn", time.time(), {}))
+        self._events.append(TaskEvent(ref[0], ref[1], "withdrawn", time.time(), {}))
         return True
 
-    def deadline(self, key: ProcessKey) -> float | None:
-        run = self._running.get(key)
+    def deadline(self, ref: ProcessRef) -> float | None:
+        run = self._running.get(ref)
         if run is None or run.order.walltime is None:
             return None
         return run.started_mono + run.order.walltime
 
-    def is_running(self, key: ProcessKey) -> bool:
-        return key in self._running
+    def is_running(self, ref: ProcessRef) -> bool:
+        return ref in self._running
 
-    def running(self) -> list[ProcessKey]:
+    def running(self) -> list[ProcessRef]:
         return [*self._running, *((w.job_id, w.slot) for w in self._waiting)]
 
     def busy(self) -> bool:
@@ -127,19 +127,19 @@ class NullEngine:
     # -- simulated processes ------------------------------------------------------------------------
 
     def _start(self, order: ProcessOrder, now: float, mono: float) -> None:
-        key = (order.job_id, order.slot)
+        ref = (order.job_id, order.slot)
         for c in order.cores:
             self._core_users[c] += 1
         run = _Simulated(order, now, mono)
-        self._running[key] = run
+        self._running[ref] = run
         self._events.append(TaskEvent(order.job_id, order.slot, "started", now, {"pid": 0}))
         if self._duration == 0:
-            self._ending.append(key)
+            self._ending.append(ref)
         else:
-            heapq.heappush(self._due, (mono + self._duration, next(self._tie), key))
+            heapq.heappush(self._due, (mono + self._duration, next(self._tie), ref))
 
-    def _exit(self, key: ProcessKey, run: _Simulated, *, exit_code: int | None, sig: int | None) -> None:
-        del self._running[key]
+    def _exit(self, ref: ProcessRef, run: _Simulated, *, exit_code: int | None, sig: int | None) -> None:
+        del self._running[ref]
         mono = time.monotonic()
         wall = max(0.0, mono - run.started_mono)
         data = {
@@ -154,7 +154,7 @@ class NullEngine:
             "reason": run.reason,
             "simulated": True,
         }
-        self._events.append(TaskEvent(key[0], key[1], "exited", run.started + wall, data))
+        self._events.append(TaskEvent(ref[0], ref[1], "exited", run.started + wall, data))
         for c in run.order.cores:
             self._core_users[c] -= 1
         if self._waiting:
@@ -169,7 +169,7 @@ class NullEngine:
     def _settle(self) -> None:
         """Exit what started with no duration (and what that lets start), without recursion."""
         while self._ending:
-            key = self._ending.popleft()
-            run = self._running.get(key)
+            ref = self._ending.popleft()
+            run = self._running.get(ref)
             if run is not None:
-                self._exit(key, run, exit_code=0, sig=None)
+                self._exit(ref, run, exit_code=0, sig=None)

@@ -192,8 +192,8 @@ class Spawners:
 
     def _spawn(self, order: ProcessOrder, spawner: _Spawner) -> bool:
         """Start one order from a spawner thread; True when a process now runs for it."""
-        key = (order.job_id, order.slot)
-        if not self._engine._taken(key):
+        ref = (order.job_id, order.slot)
+        if not self._engine._taken(ref):
             return False
         cwd = spawner.dirs.get(order.directory)
         if cwd is None:
@@ -263,7 +263,7 @@ class Spawners:
                 os.close(fd)
         started = TaskEvent(order.job_id, order.slot, "started", t0, {"pid": pid})
         run = Running(order, pid, popen, t0, m0, env_file, env if env_file is not None else None, start_event=started)
-        if self._engine._started(key, run, started, reaps=spawner.reaps and popen is None):
+        if self._engine._started(ref, run, started, reaps=spawner.reaps and popen is None):
             spawner.child = pid
         return True
 

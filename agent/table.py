@@ -1,5 +1,5 @@
-"""The records an engine's threads share: a process's row in the table (its key is the wire's
-``ProcessKey``, the events it produces the wire's :class:`~pilot.wire.messages.TaskEvent`).
+"""The records an engine's threads share: a process's row in the table (its ref is the wire's
+``ProcessRef``, the events it produces the wire's :class:`~pilot.wire.messages.TaskEvent`).
 
 Apart from the engines (processes, simulated) so that the spawner and reaper modules can build and read
 them without importing the engine that owns the table. A :class:`Running` row is written by the spawner
@@ -13,14 +13,14 @@ import subprocess
 from dataclasses import dataclass
 
 from pilot.model.process_order import ProcessOrder
-from pilot.wire.messages import ProcessKey, TaskEvent
+from pilot.wire.messages import ProcessRef, TaskEvent
 
 
-def take_waiting(waiting: list[ProcessOrder], key: ProcessKey) -> ProcessOrder | None:
-    """Remove and return the order of ``key`` from orders that wait for their cores (a KILL or a
+def take_waiting(waiting: list[ProcessOrder], ref: ProcessRef) -> ProcessOrder | None:
+    """Remove and return the order of ``ref`` from orders that wait for their cores (a KILL or a
     WITHDRAW of one not started), or None when none waits."""
     for i, order in enumerate(waiting):
-        if (order.job_id, order.slot) == key:
+        if (order.job_id, order.slot) == ref:
             return waiting.pop(i)
     return None
 

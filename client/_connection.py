@@ -111,7 +111,7 @@ class Connection(Reader):
         jobs: list[dict[str, Any]],
         *,
         on_reply: OnReply | None = None,
-        keys: list[str] | None = None,
+        submit_ids: list[str] | None = None,
         on_lost: OnLost | None = None,
         timeout: float = DEFAULT_REQUEST_TIMEOUT,
         delay: float = 0.0,
@@ -121,16 +121,18 @@ class Connection(Reader):
         ``GROUP_JOBS`` jobs): each caller still gets only its own results, its own ``on_reply`` call
         and its own errors, as if it had been sent alone.
 
-        ``keys`` (one per job) name the jobs to the pilot: a request whose connection is lost before its
-        answer is sent again on the next one, and the pilot answers for a key it knows with the job it
-        made then. With ``on_lost`` nobody waits: the answer goes to ``on_reply`` only, and a request
-        not answered within ``timeout`` seconds (of its sending, or of the last answer read, whichever
-        is later) or when the connection closes is given up, with the reason, to ``on_lost``; such a
-        request may wait ``delay`` seconds (about: the reader's next look, within ``LIVENESS_INTERVAL``)
-        before it is queued."""
+        ``submit_ids`` (one per job) name the jobs to the pilot: a request whose connection is lost
+        before its answer is sent again on the next one, and the pilot answers for a submit id it knows
+        with the job it made then. With ``on_lost`` nobody waits: the answer goes to ``on_reply`` only,
+        and a request not answered within ``timeout`` seconds (of its sending, or of the last answer
+        read, whichever is later) or when the connection closes is given up, with the reason, to
+        ``on_lost``; such a request may wait ``delay`` seconds (about: the reader's next look, within
+        ``LIVENESS_INTERVAL``) before it is queued."""
         self._check_open()
         rid = next(self._rids)
-        pending = Pending(wire.Kind.SUBMIT, b"", on_reply, jobs=jobs, keys=keys, on_lost=on_lost, timeout=timeout)
+        pending = Pending(
+            wire.Kind.SUBMIT, b"", on_reply, jobs=jobs, submit_ids=submit_ids, on_lost=on_lost, timeout=timeout
+        )
         if delay > 0 and on_lost is not None:
             pending.since += delay  # its timeout runs from when it is queued
             with self._lock:
@@ -225,8 +227,8 @@ class Connection(Reader):
 
     def join(self, ticket: Ticket, add: Callable[[], None]) -> bool:
         """Let more jobs join a queued submit: if it has not been handed to a socket yet, call ``add``
-        under the connection's lock -- it appends to the lists of jobs (and keys) the request was made
-        with -- and return True; else False (make a new request)."""
+        under the connection's lock -- it appends to the lists of jobs (and submit ids) the request was
+        made with -- and return True; else False (make a new request)."""
         rid, pending = ticket
         with self._lock:
             if pending.sent or self._pending.get(rid) is not pending or self._dead is not None:

@@ -8,14 +8,14 @@ its allocation, say). While ``OUTSTANDING`` requests of a stream are unanswered,
 meanwhile gather in the next one (up to ``GROUP_JOBS``), which leaves with the first answer: a stream
 goes out in frames as large as the pilot's pace makes them, and a lone job at once.
 
-Nothing is made twice or lost on the way. Each job carries a key, which the pilot journals with it
-(this executor's random prefix and a count: unique without a uuid, and its system call, per job). A
+Nothing is made twice or lost on the way. Each job carries a submit id, which the pilot journals with
+it (this executor's random prefix and a count: unique without a uuid, and its system call, per job). A
 connection lost before the answer -- the daemon killed and restarted on the same run directory, say
--- makes the connection send the job again on the next one, and the pilot answers for a key it knows
-with the job that key made, which the client then follows. A job the pilot refuses only for want of
-room (``pilot.max_queued``) is sent again shortly after. A job is given up, FAILED with the reason,
-only when no answer comes within ``request_timeout`` of its sending (or of the pilot's last answer,
-while the pilot works through a backlog), or when no pilot comes back within it.
+-- makes the connection send the job again on the next one, and the pilot answers for a submit id it
+knows with the job that submit id made, which the client then follows. A job the pilot refuses only for
+want of room (``pilot.max_queued``) is sent again shortly after. A job is given up, FAILED with the
+reason, only when no answer comes within ``request_timeout`` of its sending (or of the pilot's last
+answer, while the pilot works through a backlog), or when no pilot comes back within it.
 
 At most ``WINDOW`` jobs wait for their answer; ``submit()`` waits for room beyond that (the pilot's
 pace is the caller's pace), up to ``request_timeout``, then raises a transient SubmitException: that
@@ -57,18 +57,18 @@ class _Request:
     The three lists grow together: under the pipeline's lock while it holds the request, under the
     connection's (``Connection.join``) once it is handed over."""
 
-    __slots__ = ("counted", "descriptions", "jobs", "keys", "ticket")
+    __slots__ = ("counted", "descriptions", "jobs", "submit_ids", "ticket")
 
     def __init__(self) -> None:
         self.descriptions: list[dict[str, Any]] = []
-        self.keys: list[str] = []
+        self.submit_ids: list[str] = []
         self.jobs: list[_Job] = []
         self.ticket: Ticket | None = None  # None: held by the pipeline, not handed to the connection yet
         self.counted = False  # one of the OUTSTANDING (a retry is not)
 
-    def add(self, description: dict[str, Any], key: str, job: _Job) -> None:
+    def add(self, description: dict[str, Any], submit_id: str, job: _Job) -> None:
         self.descriptions.append(description)
-        self.keys.append(key)
+        self.submit_ids.append(submit_id)
         self.jobs.append(job)
 
 
@@ -105,7 +105,7 @@ class Pipeline:
         or the job's current status when the pilot had it already); ``on_failed`` gets a FAILED status
         when the pilot refuses the job or it is given up. Raises SubmitException when the job was not
         sent (no room in the window within the timeout, or no pilot to send it to)."""
-        key = self._prefix + str(next(self._serial))
+        submit_id = self._prefix + str(next(self._serial))
         job = (on_id, on_failed)
         with self._cond:
             if self._count >= self._window:
@@ -116,12 +116,12 @@ class Pipeline:
                 joining = self._open
                 if joining is not None and len(joining.jobs) < GROUP_JOBS:
                     if joining.ticket is None:  # held: the next answer hands it over
-                        joining.add(description, key, job)
+                        joining.add(description, submit_id, job)
                         return
-                    if conn.join(joining.ticket, functools.partial(joining.add, description, key, job)):
+                    if conn.join(joining.ticket, functools.partial(joining.add, description, submit_id, job)):
                         return
                 request = self._open = _Request()
-                request.add(description, key, job)
+                request.add(description, submit_id, job)
                 if self._outstanding < OUTSTANDING:
                     self._hand(conn, request)
                 else:
@@ -172,7 +172,7 @@ class Pipeline:
     def _send(self, conn: Connection, request: _Request, *, delay: float) -> Ticket:
         return conn.submit(
             request.descriptions,
-            keys=request.keys,
+            submit_ids=request.submit_ids,
             on_reply=functools.partial(self._answered, conn, request),
             on_lost=functools.partial(self._lost, conn, request),
             timeout=self._timeout,
@@ -198,7 +198,7 @@ class Pipeline:
                 sink = on_id(native_id)
                 raw = result.get("status")
                 status = report(raw) if raw is not None else None
-                if status is not None:  # the job this key made before
+                if status is not None:  # the job this submit id made before
                     if status.state not in _FINAL:
                         follow.append((native_id, sink))
                     statuses.append((status, sink))
@@ -208,7 +208,7 @@ class Pipeline:
                     when = float(t) if isinstance(t, int | float) and not isinstance(t, bool) else now
                     statuses.append((StatusReport(native_id, "QUEUED", when, None, None, None), sink))
             elif isinstance(result, dict) and result.get("retry"):  # refused for want of room: nothing was done
-                again.add(request.descriptions[i], request.keys[i], job)
+                again.add(request.descriptions[i], request.submit_ids[i], job)
             else:
                 error = result.get("error") if isinstance(result, dict) else None
                 message = f"the pilot did not accept the job: {error}" if error else "malformed result from the pilot"

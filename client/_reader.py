@@ -106,7 +106,7 @@ class Reader(Delivery):
             with self._sock_lock:
                 self._live = None
                 link.close()
-        self._fail(lambda p: "the connection to the pilot is closed", sent_only=False, keep_keyed=False)
+        self._fail(lambda p: "the connection to the pilot is closed", sent_only=False, keep_with_submit_ids=False)
         self._publish()
         self._stopped = True
 

@@ -78,13 +78,13 @@ class Pending:
         "frame",
         "internal",
         "jobs",
-        "keys",
         "kind",
         "lost",
         "on_lost",
         "on_reply",
         "sent",
         "since",
+        "submit_ids",
         "timeout",
         "uncertain",
     )
@@ -97,16 +97,17 @@ class Pending:
         *,
         internal: bool = False,
         jobs: list[dict[str, Any]] | None = None,
-        keys: list[str] | None = None,
+        submit_ids: list[str] | None = None,
         on_lost: OnLost | None = None,
         timeout: float = 0.0,
     ) -> None:
         self.kind = kind
         self.frame = frame  # empty for a submit: its jobs are encoded at send time, with those they travel with
         self.jobs = jobs  # a submit's job descriptions
-        #: A keyed submit's job keys: the pilot knows a job by its key, so the request is sent again after
-        #: a lost connection instead of failing (a job it had accepted is not made twice).
-        self.keys = keys
+        #: A submit's job submit ids, if it carries them: the pilot knows a job by its submit id, so the
+        #: request is sent again after a lost connection instead of failing (a job it had accepted is not
+        #: made twice).
+        self.submit_ids = submit_ids
         self.done = Done()
         self.body: dict[str, Any] | None = None
         self.lost: str | None = None  # set instead of body when the request cannot be answered
@@ -196,29 +197,33 @@ class RequestTable:
             return p.frame
         if len(unit) == 1:
             body: dict[str, Any] = {"jobs": p.jobs, "rid": rid}
-            if p.keys is not None:
-                body["keys"] = p.keys
+            if p.submit_ids is not None:
+                body["submit_ids"] = p.submit_ids
             return wire.encode(wire.Kind.SUBMIT, body)
         group_rid = _group_rid(unit)
         self._groups[group_rid] = unit
         body = {"jobs": [job for _, q in unit for job in q.jobs or ()], "rid": group_rid}
-        if any(q.keys is not None for _, q in unit):
-            body["keys"] = [k for _, q in unit for k in (q.keys if q.keys is not None else [None] * len(q.jobs or ()))]
+        if any(q.submit_ids is not None for _, q in unit):
+            body["submit_ids"] = [
+                submit_id
+                for _, q in unit
+                for submit_id in (q.submit_ids if q.submit_ids is not None else [None] * len(q.jobs or ()))
+            ]
         return wire.encode(wire.Kind.SUBMIT, body)
 
-    def _fail(self, message: Callable[[Pending], str], *, sent_only: bool, keep_keyed: bool = True) -> None:
+    def _fail(self, message: Callable[[Pending], str], *, sent_only: bool, keep_with_submit_ids: bool = True) -> None:
         """Fail waiting requests: those sent (the connection that carried them is gone), or all. An
-        unsent re-attach is dropped too: the next connection sends its own. Keyed submits are kept
-        unless ``keep_keyed`` is False (closing): those sent go back to the outbox, to be sent again on
-        the next connection (the pilot answers for the jobs it took with the jobs it made); their own
-        timeout, not this, gives them up."""
+        unsent re-attach is dropped too: the next connection sends its own. Submits with submit ids are
+        kept unless ``keep_with_submit_ids`` is False (closing): those sent go back to the outbox, to be
+        sent again on the next connection (the pilot answers for the jobs it took with the jobs it made);
+        their own timeout, not this, gives them up."""
         self._groups.clear()  # what was sent went with the connection (or the connection is closing)
         now = time.monotonic()
         victims: list[tuple[int, Pending]] = []
         again: list[int] = []
         with self._lock:
             for rid, p in self._pending.items():
-                if p.keys is not None and keep_keyed:
+                if p.submit_ids is not None and keep_with_submit_ids:
                     if p.sent:
                         p.sent = False
                         p.uncertain = True

@@ -16,8 +16,8 @@ connection, as PSI/J allows ("sent to the underlying implementation"): a stream 
 from one thread then runs at the pilot's pace, not one round trip per job. The job turns QUEUED when
 the pilot has journaled it, or FAILED with the pilot's reason if it refuses it (a malformed description
 included); only what the client checks itself (a spec without an executable, say) raises at once. Jobs
-carry keys, so one whose answer a lost connection or a restarted daemon swallowed is sent again without
-ever running twice (``client/_pipeline.py``).
+carry submit ids, so one whose answer a lost connection or a restarted daemon swallowed is sent again
+without ever running twice (``client/_pipeline.py``).
 """
 
 from __future__ import annotations

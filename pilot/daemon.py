@@ -335,8 +335,8 @@ class Daemon:
     def _handle_client(self, ident: bytes, msg: Body) -> dict[str, Any]:
         core = self.core
         match msg:
-            case Submit(jobs=jobs, keys=keys):
-                return {"results": core.on_submit(ident, jobs, keys)}
+            case Submit(jobs=jobs, submit_ids=submit_ids):
+                return {"results": core.on_submit(ident, jobs, submit_ids)}
             case Cancel(ids=ids):
                 return {"results": [core.on_cancel(i) for i in ids]}
             case Attach(ids=ids):
@@ -437,10 +437,10 @@ class Daemon:
         for node, msg in out.to_agents:
             send(agents, [node.encode(), encode(msg)])
         for node, batch in out.kills.items():
-            for reason, keys in batch.items():
-                send(agents, [node.encode(), encode(Kill(tuple((k[0], k[1]) for k in keys), reason))])
-        for node, keys in out.withdraws.items():
-            send(agents, [node.encode(), encode(Withdraw(tuple((k[0], k[1]) for k in keys)))])
+            for reason, refs in batch.items():
+                send(agents, [node.encode(), encode(Kill(tuple((ref[0], ref[1]) for ref in refs), reason))])
+        for node, refs in out.withdraws.items():
+            send(agents, [node.encode(), encode(Withdraw(tuple((ref[0], ref[1]) for ref in refs)))])
         for node, orders in out.orders.items():
             send(agents, [node.encode(), Launch.frame(orders)])
         self.delivery.flush(out.replies, out.statuses)

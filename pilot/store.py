@@ -55,9 +55,11 @@ from pilot.store_batch import Batch, unpack
 JOURNAL_FILE: Final = "journal.db"
 #: WAL size past which :meth:`Store.checkpoint_due` says so: SQLite's own threshold (1,000 pages of 4 KiB).
 CHECKPOINT_BYTES: Final = 4 << 20
-#: 2: several allocations (id = the n of its key a<n>), each with its site; 3: a job's client key (pipelined
-#: submits), indexed, so a submit sent again after a lost answer finds the job it made the first time.
-SCHEMA_VERSION: Final = 3
+#: 2: several allocations (id = the n of its key a<n>), each with its site; 3: a job's submit id (its
+#: client's own id for it: pipelined submits), indexed, so a submit sent again after a lost answer finds
+#: the job it made the first time; 4: that column and its index renamed from key and jobs_key to
+#: submit_id and jobs_submit_id.
+SCHEMA_VERSION: Final = 4
 #: ``PRAGMA application_id`` of a pilot journal ("PJRN"): tells our file from any other SQLite database.
 APPLICATION_ID: Final = 0x504A524E
 
@@ -82,9 +84,9 @@ CREATE TABLE jobs (
     ranks BLOB,
     environment BLOB,
     unset BLOB,
-    key TEXT
+    submit_id TEXT
 );
-CREATE INDEX jobs_key ON jobs (key) WHERE key IS NOT NULL;
+CREATE INDEX jobs_submit_id ON jobs (submit_id) WHERE submit_id IS NOT NULL;
 CREATE TABLE processes (
     job_id TEXT NOT NULL,
     slot INTEGER NOT NULL,
@@ -404,18 +406,20 @@ class Store:
             out.meta[key] = unpack(value)
         return out
 
-    def jobs_by_key(self, keys: Sequence[str]) -> dict[str, str]:
-        """The jobs the journal holds under these client keys: key -> job id (the first such job, should a
-        client have used a key twice). An indexed look-up, paid only by keyed submits."""
+    def jobs_by_submit_id(self, submit_ids: Sequence[str]) -> dict[str, str]:
+        """The jobs the journal holds under these submit ids: submit id -> job id (the first such job,
+        should a client have used a submit id twice). An indexed look-up, paid only by submits that carry
+        submit ids."""
         found: dict[str, str] = {}
         try:
-            for start in range(0, len(keys), _KEYS_PER_QUERY):
-                chunk = keys[start : start + _KEYS_PER_QUERY]
+            for start in range(0, len(submit_ids), _SUBMIT_IDS_PER_QUERY):
+                chunk = submit_ids[start : start + _SUBMIT_IDS_PER_QUERY]
                 rows = self._db.execute(
-                    f"SELECT key, id FROM jobs WHERE key IN ({','.join('?' * len(chunk))}) ORDER BY seq", chunk
+                    f"SELECT submit_id, id FROM jobs WHERE submit_id IN ({','.join('?' * len(chunk))}) ORDER BY seq",
+                    chunk,
                 )
-                for key, job_id in rows:
-                    found.setdefault(key, job_id)
+                for submit_id, job_id in rows:
+                    found.setdefault(submit_id, job_id)
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
         return found
@@ -503,8 +507,8 @@ def _taken(job: JobRecord) -> list[bool]:
     return held
 
 
-#: Keys per look-up statement: under SQLite's oldest limit on bound parameters (999).
-_KEYS_PER_QUERY: Final = 500
+#: Submit ids per look-up statement: under SQLite's oldest limit on bound parameters (999).
+_SUBMIT_IDS_PER_QUERY: Final = 500
 
 _FIX: Final = (
     "if it is damaged or not a pilot journal, move it aside (mv {path} {path}.bad) and start the pilot again -- "
@@ -522,10 +526,18 @@ def _migrate_v1(db: sqlite3.Connection) -> None:
 
 
 def _migrate_v2(db: sqlite3.Connection) -> None:
-    """Schema 2 had no client keys: every job it holds has none."""
-    if "key" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:
+    """Schema 2 had no submit ids: every job it holds has none. The column gets schema 3's name (``key``);
+    :func:`_migrate_v3`, which always follows, renames it and makes its index."""
+    if {"key", "submit_id"}.isdisjoint(row[1] for row in db.execute("PRAGMA table_info(jobs)")):
         db.execute("ALTER TABLE jobs ADD COLUMN key TEXT")
-    index = _SCHEMA[_SCHEMA.index("CREATE INDEX jobs_key") :]
+
+
+def _migrate_v3(db: sqlite3.Connection) -> None:
+    """Schema 3 called a job's submit id ``key``, indexed as ``jobs_key``: both take their new names."""
+    if "key" in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:
+        db.execute("ALTER TABLE jobs RENAME COLUMN key TO submit_id")
+    db.execute("DROP INDEX IF EXISTS jobs_key")
+    index = _SCHEMA[_SCHEMA.index("CREATE INDEX jobs_submit_id") :]
     db.execute(index[: index.index(";")].replace("CREATE INDEX", "CREATE INDEX IF NOT EXISTS"))
 
 
@@ -586,6 +598,8 @@ def _setup(db: sqlite3.Connection, path: Path, *, durable: bool) -> None:
                     _migrate_v1(db)
                 if version <= 2:
                     _migrate_v2(db)
+                if version <= 3:
+                    _migrate_v3(db)
                 if version < SCHEMA_VERSION:
                     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")

@@ -34,10 +34,10 @@ def _pack_ranks(ranks: Sequence[RankPlacement]) -> bytes:
 
 #: A new job's row in ``Batch._accepted`` (the INSERT's columns): id, seq, description, submitted, then
 #: from here the fields ``job_update`` rewrites (state ... attempt), then the placement (ranks), then
-#: the client's key.
+#: the client's submit id.
 _CHANGING: Final = 4
 _RANKS: Final = 15
-_KEY: Final = 16
+_SUBMIT_ID: Final = 16
 
 
 class Batch:
@@ -81,15 +81,15 @@ class Batch:
         submitted: float,
         *,
         state: JobState = JobState.QUEUED,
-        key: str | None = None,
+        submit_id: str | None = None,
     ) -> None:
         """A job the daemon accepted. ``description`` may be the validated wire map the client sent,
         which saves re-encoding it (``JobDescription.from_wire`` accepted it, so it loads back).
-        ``key``: the client's name for the job (:meth:`Store.jobs_by_key` finds it)."""
+        ``submit_id``: the client's own id for the job (:meth:`Store.jobs_by_submit_id` finds it)."""
         raw = description.to_wire() if isinstance(description, JobDescription) else description
         self._accepted_at[job_id] = len(self._accepted)
         changing = (state.value, submitted, None, None, None, "queued", None, None, None, 0, 0)  # as job_update's
-        self._accepted.append((job_id, seq, pack(raw), submitted, *changing, None, key))
+        self._accepted.append((job_id, seq, pack(raw), submitted, *changing, None, submit_id))
 
     def job_update(self, job: JobRecord, *, placed: bool = False) -> None:
         """The job's row as it is now: state (and, once final, exit code, message and Delivered), phase,
@@ -114,7 +114,7 @@ class Batch:
         at = self._accepted_at.get(job.id)
         if at is not None:
             row = self._accepted[at]
-            self._accepted[at] = (*row[:_CHANGING], *fields, ranks if placed else row[_RANKS], row[_KEY])
+            self._accepted[at] = (*row[:_CHANGING], *fields, ranks if placed else row[_RANKS], row[_SUBMIT_ID])
             return
         self._updates.append((*fields, ranks, job.id))
 
@@ -125,7 +125,7 @@ class Batch:
         at = self._accepted_at.get(job_id)
         if at is not None:
             row = self._accepted[at]
-            self._accepted[at] = (*row[:_RANKS], None, row[_KEY])
+            self._accepted[at] = (*row[:_RANKS], None, row[_SUBMIT_ID])
         self._envs = [t for t in self._envs if t[-1] != job_id]
         self._dispatched = [t for t in self._dispatched if t[0] != job_id]
         self._results = [t for t in self._results if t[0] != job_id]
@@ -199,7 +199,7 @@ class Batch:
             # older journal's meta 'seq' row is still read.
             db.executemany(
                 "INSERT INTO jobs (id, seq, description, submitted, state, state_time, exit_code, message, metadata,"
-                " phase, started, ended, cancel_reason, closing, attempt, ranks, key)"
+                " phase, started, ended, cancel_reason, closing, attempt, ranks, submit_id)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 self._accepted,
             )

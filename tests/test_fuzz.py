@@ -519,7 +519,7 @@ _to_agent_bodies = st.one_of(
     st.fixed_dictionaries({"orders": _or_wrong(st.lists(_order_maps(), max_size=3))}),
     st.fixed_dictionaries(
         {
-            "keys": _or_wrong(st.lists(st.tuples(_text, _ints).map(list) | _values, max_size=3)),
+            "processes": _or_wrong(st.lists(st.tuples(_text, _ints).map(list) | _values, max_size=3)),
             "reason": _or_wrong(_text),
         }
     ),

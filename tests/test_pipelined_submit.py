@@ -1,6 +1,6 @@
 """Pipelined submits (``JobExecutor(pipelined=True)``): ``submit()`` returns before the pilot's answer,
-QUEUED or FAILED follows as a status, and keyed jobs are never made twice nor lost when a daemon dies
-with its answers (or the jobs themselves) in flight."""
+QUEUED or FAILED follows as a status, and jobs (each with its submit id) are never made twice nor lost
+when a daemon dies with its answers (or the jobs themselves) in flight."""
 
 from __future__ import annotations
 
@@ -143,11 +143,12 @@ def test_jobs_in_flight_when_the_daemon_is_killed_are_sent_again_and_run_once(
     assert len({job.native_id for job in first + jobs}) == 60
 
 
-def test_a_key_the_pilot_knows_is_answered_with_the_job_it_made(
+def test_a_submit_id_the_pilot_knows_is_answered_with_the_job_it_made(
     start_pilot: Callable[..., Pilot], tmp_path: Path
 ) -> None:
-    """The daemon side of a lost answer, over a raw socket: a keyed job sent again (in the same frame, in
-    a later one, or to a daemon restarted after SIGKILL) is the job its key made, never a second one."""
+    """The daemon side of a lost answer, over a raw socket: a job with a submit id sent again (in the same
+    frame, in a later one, or to a daemon restarted after SIGKILL) is the job its submit id made, never a
+    second one."""
     p = start_pilot(CONFIG)
     agents_active(p.executor(), 1)
     out = tmp_path / "out"
@@ -155,8 +156,8 @@ def test_a_key_the_pilot_knows_is_answered_with_the_job_it_made(
     def job(i: int) -> dict[str, Any]:
         return {"executable": "/bin/sh", "arguments": ["-c", f"echo {i} >> {out}"]}
 
-    def submit(peer: Peer, rid: int, keys: list[str], jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        peer.send(wire.encode(Kind.SUBMIT, {"rid": rid, "jobs": jobs, "keys": keys}))
+    def submit(peer: Peer, rid: int, submit_ids: list[str], jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        peer.send(wire.encode(Kind.SUBMIT, {"rid": rid, "jobs": jobs, "submit_ids": submit_ids}))
         while True:
             msg = peer.recv()
             assert msg is not None, "no answer"

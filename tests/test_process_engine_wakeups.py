@@ -53,8 +53,8 @@ class _Loop:
         self.pokes += 1
         self.poked.set()
 
-    def run_until(self, keys: set[tuple[str, int]], limit: float) -> list[TaskEvent]:
-        """Events until every key exited; fails if the loop would sleep forever or past ``limit``."""
+    def run_until(self, refs: set[tuple[str, int]], limit: float) -> list[TaskEvent]:
+        """Events until every ref exited; fails if the loop would sleep forever or past ``limit``."""
         got: list[TaskEvent] = []
         end = time.monotonic() + limit
         while True:
@@ -62,12 +62,12 @@ class _Loop:
             if exits := [e.job_id for e in batch if e.kind == "exited"]:
                 self.batches.append(exits)
             got += batch
-            if keys <= {(e.job_id, e.slot) for e in got if e.kind in ("exited", "failed")}:
+            if refs <= {(e.job_id, e.slot) for e in got if e.kind in ("exited", "failed")}:
                 return got
             deadline = self.engine.next_deadline()
             timeout = end - time.monotonic() if deadline is None else max(0.0, deadline - time.monotonic())
             if not self.poked.wait(timeout) and deadline is None:
-                pytest.fail(f"the loop would sleep forever: exits of {keys} never reported; got {got}")
+                pytest.fail(f"the loop would sleep forever: exits of {refs} never reported; got {got}")
             self.poked.clear()
             assert time.monotonic() < end, f"not all exits within {limit} s: {got}"
 
@@ -220,7 +220,7 @@ def test_tasks_are_still_reaped_once_the_sentinel_is_gone(tmp_path: Path, reapin
 @pytest.mark.timeout(60)
 def test_an_order_waiting_for_its_cores_can_be_withdrawn_one_started_cannot(tmp_path: Path) -> None:
     """WITHDRAW (the daemon takes back a job waiting behind a long task): an order still waiting is
-    dropped unstarted and reported ``withdrawn``; the running one, and unknown keys, are left alone."""
+    dropped unstarted and reported ``withdrawn``; the running one, and unknown refs, are left alone."""
     loop = _Loop(tmp_path)
     loop.engine.start()
     try:

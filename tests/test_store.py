@@ -353,48 +353,86 @@ def test_job_accepted_and_changed_in_one_batch(tmp_path: Path) -> None:
     assert rec.next_seq == 4
 
 
-def test_client_keys_are_found_whatever_the_batch_did_to_the_row(tmp_path: Path) -> None:
-    """A job's client key survives being placed, requeued and ended in the batch that accepted it, and in
-    later batches; jobs_by_key finds each (the first job, for a key used twice), and no other."""
+def test_submit_ids_are_found_whatever_the_batch_did_to_the_row(tmp_path: Path) -> None:
+    """A job's submit id survives being placed, requeued and ended in the batch that accepted it, and in
+    later batches; jobs_by_submit_id finds each (the first job, for a submit id used twice), and no other."""
     ranks = [RankPlacement("n0", [0], [], 0)]
     with Store.open(tmp_path / "j.db") as store:
         with store.batch() as tx:
-            tx.job_accepted("1", 1, _desc(1), 1.0, key="k-placed")
-            tx.job_accepted("2", 2, _desc(2), 1.0, key="k-requeued")
+            tx.job_accepted("1", 1, _desc(1), 1.0, submit_id="k-placed")
+            tx.job_accepted("2", 2, _desc(2), 1.0, submit_id="k-requeued")
             tx.job_accepted("3", 3, _desc(3), 1.0)
             tx.job_update(_job("1", _desc(1), 1.0, phase="ranks", ranks=ranks), placed=True)
             tx.job_update(_job("2", _desc(2), 1.0, phase="ranks", ranks=ranks), placed=True)
             tx.job_requeued("2")
         with store.batch() as tx:
-            tx.job_accepted("4", 4, _desc(4), 1.0, key="k-placed")  # a client that used a key twice
+            tx.job_accepted("4", 4, _desc(4), 1.0, submit_id="k-placed")  # a client that used one twice
             tx.job_update(_job("1", _desc(1), 1.0, state=JobState.COMPLETED, phase="done"))
-        keys = [f"other-{i}" for i in range(1200)] + ["k-placed", "k-requeued"]  # more than one statement's worth
-        assert store.jobs_by_key(keys) == {"k-placed": "1", "k-requeued": "2"}
-        assert store.jobs_by_key([]) == {}
+        submit_ids = [f"other-{i}" for i in range(1200)] + ["k-placed", "k-requeued"]  # over one statement's worth
+        assert store.jobs_by_submit_id(submit_ids) == {"k-placed": "1", "k-requeued": "2"}
+        assert store.jobs_by_submit_id([]) == {}
         assert [j.id for j in store.load().jobs] == ["1", "2", "3", "4"]
 
 
-def test_a_schema_2_journal_gains_keys(tmp_path: Path) -> None:
-    """A journal written before client keys (schema 2) opens, keeps its jobs, and takes keyed ones."""
+def test_a_schema_2_journal_gains_submit_ids(tmp_path: Path) -> None:
+    """A journal written before submit ids (schema 2) opens, keeps its jobs, and takes ones with submit ids."""
     path = tmp_path / "j.db"
     with Store.open(path) as store:
         with store.batch() as tx:
             tx.job_accepted("1", 1, _desc(1), 1.0)
     db = sqlite3.connect(path)
     db.execute("PRAGMA journal_mode = DELETE")
-    db.execute("DROP INDEX jobs_key")
-    db.execute("ALTER TABLE jobs DROP COLUMN key")
+    db.execute("DROP INDEX jobs_submit_id")
+    db.execute("ALTER TABLE jobs DROP COLUMN submit_id")
     db.execute("PRAGMA user_version = 2")
     db.commit()
     db.close()
     with Store.open(path) as store:
         assert [j.id for j in store.load().jobs] == ["1"]
         with store.batch() as tx:
-            tx.job_accepted("2", 2, _desc(2), 1.0, key="k")
-        assert store.jobs_by_key(["k"]) == {"k": "2"}
+            tx.job_accepted("2", 2, _desc(2), 1.0, submit_id="k")
+        assert store.jobs_by_submit_id(["k"]) == {"k": "2"}
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert _submit_id_schema(db) == (["submit_id"], ["jobs_submit_id"])
     db.close()
+
+
+def test_a_schema_3_journal_keeps_its_jobs_submit_ids_under_the_new_name(tmp_path: Path) -> None:
+    """A journal of schema 3 named the submit id column ``key`` (index ``jobs_key``): it opens with both
+    renamed, its jobs found by their submit ids, and takes new ones."""
+    path = tmp_path / "j.db"
+    with Store.open(path) as store:
+        with store.batch() as tx:
+            tx.job_accepted("1", 1, _desc(1), 1.0, submit_id="k-1")
+            tx.job_accepted("2", 2, _desc(2), 1.0)
+            tx.job_accepted("3", 3, _desc(3), 1.0, submit_id="k-3")
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode = DELETE")
+    db.execute("DROP INDEX jobs_submit_id")
+    db.execute("ALTER TABLE jobs RENAME COLUMN submit_id TO key")
+    db.execute("CREATE INDEX jobs_key ON jobs (key) WHERE key IS NOT NULL")  # as schema 3 had it
+    db.execute("PRAGMA user_version = 3")
+    db.commit()
+    assert _submit_id_schema(db) == (["key"], ["jobs_key"])
+    db.close()
+    with Store.open(path) as store:
+        assert [j.id for j in store.load().jobs] == ["1", "2", "3"]
+        assert store.jobs_by_submit_id(["k-1", "k-2", "k-3"]) == {"k-1": "1", "k-3": "3"}
+        with store.batch() as tx:
+            tx.job_accepted("4", 4, _desc(4), 1.0, submit_id="k-4")
+        assert store.jobs_by_submit_id(["k-4"]) == {"k-4": "4"}
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert _submit_id_schema(db) == (["submit_id"], ["jobs_submit_id"])
+    db.close()
+
+
+def _submit_id_schema(db: sqlite3.Connection) -> tuple[list[str], list[str]]:
+    """The jobs table's submit id column and its index, under whichever names the journal has them."""
+    columns = [row[1] for row in db.execute("PRAGMA table_info(jobs)") if row[1] in ("key", "submit_id")]
+    indexes = [row[1] for row in db.execute("PRAGMA index_list(jobs)") if not row[1].startswith("sqlite_autoindex")]
+    return columns, indexes
 
 
 def test_next_seq_of_an_older_journal_is_kept(tmp_path: Path) -> None:

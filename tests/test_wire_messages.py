@@ -90,8 +90,8 @@ def test_hostile_agent_bodies_are_refused_whole(kind: str, body: dict[str, Any],
 @pytest.mark.parametrize(
     ("kind", "body", "says"),
     [
-        (Kind.KILL, {"keys": [["1", "0"]], "reason": "x"}, "keys must be [job_id, slot] pairs"),
-        (Kind.KILL, {"keys": []}, "missing field 'reason'"),
+        (Kind.KILL, {"processes": [["1", "0"]], "reason": "x"}, "processes must be [job_id, slot] pairs"),
+        (Kind.KILL, {"processes": []}, "missing field 'reason'"),
         (Kind.REGISTERED, {"heartbeat_interval": float("nan")}, "is not between 0.01 and 3600 s"),
         (Kind.REGISTERED, {"heartbeat_interval": 0.0}, "is not between 0.01 and 3600 s"),
         (Kind.LAUNCH, {"orders": "x"}, "field 'orders' must be list"),

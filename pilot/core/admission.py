@@ -30,39 +30,40 @@ class Admission(Part):
             }
         return None
 
-    def submit(self, ident: bytes, jobs: list[Any], keys: list[str | None] | None) -> list[dict[str, Any]]:
+    def submit(self, ident: bytes, jobs: list[Any], submit_ids: list[str | None] | None) -> list[dict[str, Any]]:
         """The results of a SUBMIT's jobs, in order: each an id or an error."""
         refusal = self.refusal()
-        if keys is not None:
-            return self._submit_keyed(ident, jobs, keys, refusal)
+        if submit_ids is not None:
+            return self._submit_with_ids(ident, jobs, submit_ids, refusal)
         if refusal is not None:
             return [refusal] * len(jobs)
         return [self._submit_one(ident, raw) for raw in jobs]
 
-    def _submit_keyed(
-        self, ident: bytes, jobs: list[Any], keys: list[str | None], refusal: dict[str, Any] | None
+    def _submit_with_ids(
+        self, ident: bytes, jobs: list[Any], submit_ids: list[str | None], refusal: dict[str, Any] | None
     ) -> list[dict[str, Any]]:
-        """Jobs named by the client's keys (pipelined submits). A key this pilot knows is the job that
-        key made before -- its answer was lost with a connection or a daemon, and the client sent it
-        again -- which this client now follows, even while new jobs are refused: it never runs twice.
-        The others are submitted as usual."""
+        """Jobs named by the client's submit ids (pipelined submits). A submit id this pilot knows is
+        the job that submit id made before -- its answer was lost with a connection or a daemon, and the
+        client sent it again -- which this client now follows, even while new jobs are refused: it never
+        runs twice. The others are submitted as usual."""
         book = self.book
-        named = [k for k in keys if k is not None]
-        known = {k: book.fresh_keys[k] for k in named if k in book.fresh_keys}
-        rest = [k for k in named if k not in known]
+        named = [submit_id for submit_id in submit_ids if submit_id is not None]
+        fresh = book.fresh_by_submit_id
+        known = {submit_id: fresh[submit_id] for submit_id in named if submit_id in fresh}
+        rest = [submit_id for submit_id in named if submit_id not in known]
         if rest and book.history is not None:
-            known.update(book.history.jobs_by_key(rest))
+            known.update(book.history.jobs_by_submit_id(rest))
         results: list[dict[str, Any]] = []
-        for raw, key in zip(jobs, keys, strict=True):
-            job_id = known.get(key) if key is not None else None
+        for raw, submit_id in zip(jobs, submit_ids, strict=True):
+            job_id = known.get(submit_id) if submit_id is not None else None
             if job_id is not None:
                 results.append(self.attach(ident, job_id))
             elif refusal is not None:
                 results.append(refusal)
             else:
-                result = self._submit_one(ident, raw, key=key)
-                if key is not None and "id" in result:
-                    known[key] = result["id"]
+                result = self._submit_one(ident, raw, submit_id=submit_id)
+                if submit_id is not None and "id" in result:
+                    known[submit_id] = result["id"]
                 results.append(result)
         return results
 
@@ -80,14 +81,14 @@ class Admission(Part):
             job.subscribers += (ident,)
         return {"id": job_id, "status": job.status(), "name": job.description.name}
 
-    def _submit_one(self, ident: bytes, raw: Any, *, key: str | None = None) -> dict[str, Any]:
+    def _submit_one(self, ident: bytes, raw: Any, *, submit_id: str | None = None) -> dict[str, Any]:
         """One entry of a SUBMIT request (the pilot takes new jobs: :meth:`refusal` said so), compiled by
         its language's front-end. Every job it holds is checked (launchers, whether it can ever fit,
         dependencies and cycles) before any is accepted: all are accepted or none."""
         book = self.book
         now = self.clock.wall
-        if key is not None and is_document(raw):
-            return {"error": "a document submission carries no key: submit it without one"}
+        if submit_id is not None and is_document(raw):
+            return {"error": "a document submission carries no submit id: submit it without one"}
         try:
             submission = compile_entry(raw, cluster=self.nodes.cluster)
             records: list[JobRecord] = []
@@ -122,7 +123,7 @@ class Admission(Part):
                     book.graph.forget([job.id])  # was only there to be found by id or name
             if job.user_hold:
                 entry = dict(entry, hold=True)
-            book.accept(ident, job, entry, key=key)
+            book.accept(ident, job, entry, submit_id=submit_id)
         if submission.document:
             return {"ids": [job.id for job in records], "warnings": submission.warnings, "time": now}
         return {"id": records[0].id, "time": now}

@@ -16,7 +16,7 @@ from pilot.wire.messages import (
     AgentMessage,
     Heartbeat,
     HeartbeatReply,
-    ProcessKey,
+    ProcessRef,
     Register,
     Registered,
     Stop,
@@ -107,7 +107,7 @@ class Agents(Part):
         return agent
 
     def _readopt(
-        self, agent: AgentRecord, node: NodeConfigured, running: tuple[ProcessKey, ...], events: tuple[TaskEvent, ...]
+        self, agent: AgentRecord, node: NodeConfigured, running: tuple[ProcessRef, ...], events: tuple[TaskEvent, ...]
     ) -> None:
         """An agent of the allocation this daemon resumed is back. Its running processes that the journal
         holds are adopted; its buffered events (everything not acknowledged before the crash) are
@@ -119,11 +119,11 @@ class Agents(Part):
         agent.last_seen = self.clock.mono
         self.nodes.slots[agent.name].usable = True
         self.nodes.invalidate()
-        keys = set(running)
+        refs = set(running)
         for ev in events:
             self.lifecycle.on_process_event(agent, ev)
         kills = self.outbox.kills[agent.name]
-        unknown = [list(k) for k in keys if k not in agent.processes]
+        unknown = [list(ref) for ref in refs if ref not in agent.processes]
         if unknown:
             kills["unknown to the daemon"].extend(unknown)
         resent = 0
@@ -132,7 +132,7 @@ class Agents(Part):
             plan = job.run.processes.get(slot) if job is not None else None
             if job is None or plan is None:
                 continue
-            if (job_id, slot) not in keys:
+            if (job_id, slot) not in refs:
                 self.outbox.orders[agent.name].append(plan.order.to_wire())  # never reached the agent
                 resent += 1
             elif job.cancel_reason is not None:
@@ -142,7 +142,7 @@ class Agents(Part):
         log.info(
             "agent re-adopted",
             node=agent.name,
-            running=len(keys) - len(unknown),
+            running=len(refs) - len(unknown),
             replayed_events=len(events),
             killed_unknown=len(unknown),
             resent_orders=resent,

@@ -27,7 +27,7 @@ class History(Protocol):
 
     def job_record(self, job_id: str) -> tuple[dict[str, Any], list[Any], float, float | None, float | None] | None: ...
 
-    def jobs_by_key(self, keys: list[str]) -> dict[str, str]: ...
+    def jobs_by_submit_id(self, submit_ids: list[str]) -> dict[str, str]: ...
 
     def job_ids(self) -> list[str]: ...
 
@@ -48,8 +48,8 @@ class JobBook:
         self.behind: dict[str, float] = {}
         self.graph = JobGraph()
         self.seq = 0  # the last job id given
-        #: Client keys of jobs accepted since the last journal commit: key -> job id.
-        self.fresh_keys: dict[str, str] = {}
+        #: Jobs accepted since the last journal commit under a client's submit id: submit id -> job id.
+        self.fresh_by_submit_id: dict[str, str] = {}
         self._dirty: set[JobRecord] = set()  # rows changed since the last commit
         self._placed: set[JobRecord] = set()  # ... whose placement changed
         self._results: list[tuple[JobRecord, int, ProcessResult]] = []
@@ -129,15 +129,15 @@ class JobBook:
 
     # -- admission and dependencies -----------------------------------------------------------------
 
-    def accept(self, ident: bytes, job: JobRecord, raw: Any, *, key: str | None = None) -> None:
+    def accept(self, ident: bytes, job: JobRecord, raw: Any, *, submit_id: str | None = None) -> None:
         self.seq += 1
         assert job.id == str(self.seq)
         if ident not in job.subscribers:
             job.subscribers += (ident,)
         self.jobs[job.id] = job
-        self.outbox.journal.job_accepted(job.id, self.seq, raw, job.submitted, key=key)
-        if key is not None:
-            self.fresh_keys[key] = job.id
+        self.outbox.journal.job_accepted(job.id, self.seq, raw, job.submitted, submit_id=submit_id)
+        if submit_id is not None:
+            self.fresh_by_submit_id[submit_id] = job.id
         self.counts[JobState.QUEUED] += 1
         if job.edges is None and not job.user_hold:
             self.queue.push(job)
@@ -225,7 +225,7 @@ class JobBook:
         self._results.clear()
 
     def committed(self) -> None:
-        self.fresh_keys.clear()  # the journal has them now
+        self.fresh_by_submit_id.clear()  # the journal has them now
 
     def retire(self) -> None:
         """After a flush: ended jobs whose final status it sent leave memory."""

@@ -35,7 +35,7 @@ def _frontend(entry: Any) -> FrontEnd:
 
 
 def is_document(entry: Any) -> bool:
-    """Whether a SUBMIT entry is a document (answered with a list of ids; it carries no client key)."""
+    """Whether a SUBMIT entry is a document (answered with a list of ids; it carries no submit id)."""
     return _frontend(entry) is not psij
 
 

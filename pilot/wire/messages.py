@@ -20,10 +20,10 @@ from pilot.wire.codec import decode as decode_frame
 from pilot.wire.codec import encode as encode_frame
 
 #: A process on an agent: (its job id, with ``~attempt`` after a re-run; its slot).
-ProcessKey = tuple[str, int]
+ProcessRef = tuple[str, int]
 
-#: Most keys a job's SUBMIT may name its job by (a uuid is 36 characters).
-_KEY_CHARS = 128
+#: Most characters of a submit id, the client's own id for one job of a SUBMIT (a uuid is 36).
+_SUBMIT_ID_CHARS = 128
 
 
 class Body(Protocol):
@@ -112,13 +112,13 @@ class StatusReport(NamedTuple):
         return cls(job_id, state, float(t), code, message, metadata)
 
 
-def _keys(body: dict[str, Any], name: str = "keys") -> tuple[ProcessKey, ...]:
-    keys = []
+def _refs(body: dict[str, Any], name: str = "processes") -> tuple[ProcessRef, ...]:
+    refs = []
     for raw in field(body, name, list):
         if not (isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], str) and type(raw[1]) is int):
             raise ProtocolError(f"{name} must be [job_id, slot] pairs")
-        keys.append((raw[0], raw[1]))
-    return tuple(keys)
+        refs.append((raw[0], raw[1]))
+    return tuple(refs)
 
 
 def _events(body: dict[str, Any], *, required: bool) -> tuple[TaskEvent, ...]:
@@ -149,7 +149,7 @@ class Register:
 
     KIND: ClassVar[str] = Kind.REGISTER
     node: NodeConfigured
-    running: tuple[ProcessKey, ...] = ()
+    running: tuple[ProcessRef, ...] = ()
     events: tuple[TaskEvent, ...] = ()
     seq: int = 0
     values: Mapping[str, int | float | str] | None = None
@@ -158,7 +158,7 @@ class Register:
     def body(self) -> dict[str, Any]:
         return {
             "node": self.node.to_wire(),
-            "running": [list(k) for k in self.running],
+            "running": [list(ref) for ref in self.running],
             "events": [e.to_wire() for e in self.events],
             "seq": self.seq,
             "values": self.values or {},
@@ -170,7 +170,7 @@ class Register:
         values, utilized = _measures(body)
         return cls(
             NodeConfigured.from_wire(field(body, "node", dict)),
-            _keys(body, "running"),
+            _refs(body, "running"),
             _events(body, required=False),
             opt_field(body, "seq", int, 0),
             values,
@@ -280,15 +280,15 @@ class Launch:
 @dataclass(frozen=True, slots=True)
 class Kill:
     KIND: ClassVar[str] = Kind.KILL
-    keys: tuple[ProcessKey, ...]
+    processes: tuple[ProcessRef, ...]
     reason: str
 
     def body(self) -> dict[str, Any]:
-        return {"keys": [list(k) for k in self.keys], "reason": self.reason}
+        return {"processes": [list(ref) for ref in self.processes], "reason": self.reason}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Self:
-        return cls(_keys(body), field(body, "reason", str))
+        return cls(_refs(body), field(body, "reason", str))
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,14 +296,14 @@ class Withdraw:
     """Take back orders still waiting for their cores; each one taken back is reported ``withdrawn``."""
 
     KIND: ClassVar[str] = Kind.WITHDRAW
-    keys: tuple[ProcessKey, ...]
+    processes: tuple[ProcessRef, ...]
 
     def body(self) -> dict[str, Any]:
-        return {"keys": [list(k) for k in self.keys]}
+        return {"processes": [list(ref) for ref in self.processes]}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Self:
-        return cls(_keys(body))
+        return cls(_refs(body))
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,30 +325,37 @@ class Stop:
 @dataclass(frozen=True, slots=True)
 class Submit:
     """Jobs, each a PSI/J description (checked by ``JobDescription.from_wire``) or ``{"sss": document}``;
-    ``keys``: the client's name for each job (pipelined submits), so a resent one is never made twice."""
+    ``submit_ids``: the client's own id for each job (pipelined submits), so a resent one is never made
+    twice."""
 
     KIND: ClassVar[str] = Kind.SUBMIT
     rid: int
     jobs: list[Any]
-    keys: list[str | None] | None = None
+    submit_ids: list[str | None] | None = None
 
     def body(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rid": self.rid, "jobs": self.jobs}
-        if self.keys is not None:
-            out["keys"] = self.keys
+        if self.submit_ids is not None:
+            out["submit_ids"] = self.submit_ids
         return out
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Self:
         jobs = field(body, "jobs", list)
-        keys: list[str | None] | None = opt_field(body, "keys", list)
-        if keys is not None:
-            if len(keys) != len(jobs):
-                raise ProtocolError(f"'keys' has {len(keys)} entries for {len(jobs)} jobs; send one per job (or null)")
-            for key in keys:
-                if key is not None and not (isinstance(key, str) and 0 < len(key) <= _KEY_CHARS):
-                    raise ProtocolError(f"a job key must be a string of 1 to {_KEY_CHARS} characters, not {key!r:.80}")
-        return cls(field(body, "rid", int), jobs, keys)
+        submit_ids: list[str | None] | None = opt_field(body, "submit_ids", list)
+        if submit_ids is not None:
+            if len(submit_ids) != len(jobs):
+                raise ProtocolError(
+                    f"'submit_ids' has {len(submit_ids)} entries for {len(jobs)} jobs; send one per job (or null)"
+                )
+            for submit_id in submit_ids:
+                if submit_id is not None and not (
+                    isinstance(submit_id, str) and 0 < len(submit_id) <= _SUBMIT_ID_CHARS
+                ):
+                    raise ProtocolError(
+                        f"a submit id must be a string of 1 to {_SUBMIT_ID_CHARS} characters, not {submit_id!r:.80}"
+                    )
+        return cls(field(body, "rid", int), jobs, submit_ids)
 
 
 @dataclass(frozen=True, slots=True)

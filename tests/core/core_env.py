@@ -86,8 +86,8 @@ class CoreEnv:
 
     def register(self, name: str = "n0", *, running: list[list[Any]] | None = None, events: list[Any] = ()) -> Step:
         node = NodeConfigured(name=name, hostname=name, processors=list(range(self.cores)), memory=1 << 30)
-        keys = tuple((k[0], k[1]) for k in running or ())
-        self.core.on_agent(name, Register(node, keys, tuple(TaskEvent.from_wire(e) for e in events)))
+        refs = tuple((ref[0], ref[1]) for ref in running or ())
+        self.core.on_agent(name, Register(node, refs, tuple(TaskEvent.from_wire(e) for e in events)))
         return self.step()
 
     def submit(self, *descriptions: JobDescription, ident: bytes = CLIENT) -> list[str]:

@@ -91,14 +91,14 @@ def test_task_groups_are_planned_from_their_placement() -> None:
     assert [t[:2] for t in status[5]["tasks"]] == [[0, 0], [1, 0], [1, 1], [1, 2]]
 
 
-def test_a_document_carries_no_client_key_and_a_plain_job_does() -> None:
+def test_a_document_carries_no_submit_id_and_a_plain_job_does() -> None:
     env = CoreEnv(cores=1)
     env.register("n0")
     (refused,) = env.core.on_submit(CLIENT, [{"sss": GROUPS}], ["k1"])
-    assert "carries no key" in refused["error"]
+    assert "carries no submit id" in refused["error"]
     (accepted,) = env.core.on_submit(CLIENT, [true().to_wire()], ["k2"])
     (again,) = env.core.on_submit(CLIENT, [true().to_wire()], ["k2"])
-    assert accepted["id"] == again["id"]  # the same key is the same job: it never runs twice
+    assert accepted["id"] == again["id"]  # the same submit id is the same job: it never runs twice
 
 
 def test_both_shapes_share_one_queue_and_one_never_fits() -> None:
