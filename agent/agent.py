@@ -258,6 +258,10 @@ class Agent:
         elif isinstance(msg, Registered):
             self._registered = True
             self._acked(msg.acked)
+            # Batches made after the REGISTER left were kept for it, not sent: they go now, in order (the
+            # daemon takes a batch only as the next of the last it took).
+            for seq, events in self._unacked:
+                self._queue(TaskEvents(tuple(events), seq))
             self._heartbeat = msg.heartbeat_interval
             self._next_beat = time.monotonic() + self._heartbeat
             log.info("registered", node=self.node.name)

@@ -64,6 +64,8 @@ class JobRecord:
     run: Attempt = field(default_factory=Attempt)
     cancel_reason: str | None = None
     closing: bool = False  # stopped because the allocation's walltime was ending
+    #: How many times it was placed (each placement's orders carry their own process job id).
+    placements: int = 0
     #: Client connections that follow its statuses (ZeroMQ routing identities): almost always one, so a
     #: tuple (a set of one costs four times its size, for every job queued).
     subscribers: tuple[bytes, ...] = ()
@@ -91,10 +93,11 @@ class JobRecord:
 
     @property
     def proc_id(self) -> str:
-        """The job id its processes carry: a re-run after a lost node gets ``<id>~<attempt>``, so that a
-        late event or kill of the lost attempt can never be taken for one of the new attempt."""
-        n = self.run.number
-        return f"{self.id}~{n}" if n else self.id
+        """The job id its processes carry: the first placement's are the job's id, each later placement's
+        (a re-run after a lost node, or an order taken back and placed again) ``<id>~<n>``. A late event,
+        a replay or a kill of an earlier placement can so never be taken for one of the current one."""
+        n = self.placements
+        return f"{self.id}~{n - 1}" if n > 1 else self.id
 
     def status(self) -> list[Any]:
         """The wire form of the job's current status: [id, state, time, exit_code, message, metadata]."""

@@ -58,8 +58,8 @@ CHECKPOINT_BYTES: Final = 4 << 20
 #: 2: several allocations (id = the n of its key a<n>), each with its site; 3: a job's submit id (its
 #: client's own id for it: pipelined submits), indexed, so a submit sent again after a lost answer finds
 #: the job it made the first time; 4: that column and its index renamed from key and jobs_key to
-#: submit_id and jobs_submit_id.
-SCHEMA_VERSION: Final = 4
+#: submit_id and jobs_submit_id; 5: how many times each job was placed (its processes' job id follows it).
+SCHEMA_VERSION: Final = 5
 #: ``PRAGMA application_id`` of a pilot journal ("PJRN"): tells our file from any other SQLite database.
 APPLICATION_ID: Final = 0x504A524E
 
@@ -84,7 +84,8 @@ CREATE TABLE jobs (
     ranks BLOB,
     environment BLOB,
     unset BLOB,
-    submit_id TEXT
+    submit_id TEXT,
+    placements INTEGER NOT NULL DEFAULT -1
 );
 CREATE INDEX jobs_submit_id ON jobs (submit_id) WHERE submit_id IS NOT NULL;
 CREATE TABLE processes (
@@ -300,7 +301,8 @@ class Store:
         max_seq = 0
         rows = db.execute(
             "SELECT id, seq, description, submitted, state, state_time, exit_code, message, metadata, phase,"
-            " started, ended, cancel_reason, closing, attempt, ranks, environment, unset FROM jobs ORDER BY seq"
+            " started, ended, cancel_reason, closing, attempt, placements, ranks, environment, unset FROM jobs"
+            " ORDER BY seq"
         )
         for row in rows:
             (
@@ -319,6 +321,7 @@ class Store:
                 cr,
                 closing,
                 attempt,
+                placements,
                 ranks,
                 env,
                 un,
@@ -342,6 +345,8 @@ class Store:
             job.cancel_reason = cr
             job.closing = bool(closing)
             run.number = int(attempt)
+            # -1: a journal of an earlier version, where a job's processes carried ``<id>~<attempt>``.
+            job.placements = int(placements) if placements >= 0 else run.number + 1
             if ranks is not None:
                 run.ranks = [RankPlacement(n, list(c), list(g), int(m), bool(b)) for n, c, g, m, b in unpack(ranks)]
             run.environment = unpack(env) if env is not None else None
@@ -541,6 +546,12 @@ def _migrate_v3(db: sqlite3.Connection) -> None:
     db.execute(index[: index.index(";")].replace("CREATE INDEX", "CREATE INDEX IF NOT EXISTS"))
 
 
+def _migrate_v4(db: sqlite3.Connection) -> None:
+    """Schema 4 did not count placements: -1 (unknown), read as the job's attempt plus one."""
+    if "placements" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:
+        db.execute("ALTER TABLE jobs ADD COLUMN placements INTEGER NOT NULL DEFAULT -1")
+
+
 def _error(path: Path, exc: sqlite3.Error) -> JournalError:
     text = str(exc)
     if "locked" in text or "busy" in text:
@@ -600,6 +611,8 @@ def _setup(db: sqlite3.Connection, path: Path, *, durable: bool) -> None:
                     _migrate_v2(db)
                 if version <= 3:
                     _migrate_v3(db)
+                if version <= 4:
+                    _migrate_v4(db)
                 if version < SCHEMA_VERSION:
                     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")

@@ -33,11 +33,11 @@ def _pack_ranks(ranks: Sequence[RankPlacement]) -> bytes:
 
 
 #: A new job's row in ``Batch._accepted`` (the INSERT's columns): id, seq, description, submitted, then
-#: from here the fields ``job_update`` rewrites (state ... attempt), then the placement (ranks), then
+#: from here the fields ``job_update`` rewrites (state ... placements), then the placement (ranks), then
 #: the client's submit id.
 _CHANGING: Final = 4
-_RANKS: Final = 15
-_SUBMIT_ID: Final = 16
+_RANKS: Final = 16
+_SUBMIT_ID: Final = 17
 
 
 class Batch:
@@ -88,12 +88,12 @@ class Batch:
         ``submit_id``: the client's own id for the job (:meth:`Store.jobs_by_submit_id` finds it)."""
         raw = description.to_wire() if isinstance(description, JobDescription) else description
         self._accepted_at[job_id] = len(self._accepted)
-        changing = (state.value, submitted, None, None, None, "queued", None, None, None, 0, 0)  # as job_update's
+        changing = (state.value, submitted, None, None, None, "queued", None, None, None, 0, 0, 0)  # as job_update's
         self._accepted.append((job_id, seq, pack(raw), submitted, *changing, None, submit_id))
 
     def job_update(self, job: JobRecord, *, placed: bool = False) -> None:
         """The job's row as it is now: state (and, once final, exit code, message and Delivered), phase,
-        timing, cancel reason, attempt; its placement too when ``placed`` (it changed). One statement per
+        timing, cancel reason, attempt, placements; its placement too when ``placed`` (it changed). One statement per
         changed job per flush, whatever changed."""
         meta = pack(dict(job.metadata)) if job.final and job.metadata else None
         run = job.run
@@ -110,6 +110,7 @@ class Batch:
             job.cancel_reason,
             int(job.closing),
             run.number,
+            job.placements,
         )
         at = self._accepted_at.get(job.id)
         if at is not None:
@@ -199,8 +200,8 @@ class Batch:
             # older journal's meta 'seq' row is still read.
             db.executemany(
                 "INSERT INTO jobs (id, seq, description, submitted, state, state_time, exit_code, message, metadata,"
-                " phase, started, ended, cancel_reason, closing, attempt, ranks, submit_id)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " phase, started, ended, cancel_reason, closing, attempt, placements, ranks, submit_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 self._accepted,
             )
         if self._envs:
@@ -212,7 +213,8 @@ class Batch:
         if self._updates:
             db.executemany(
                 "UPDATE jobs SET state = ?, state_time = ?, exit_code = ?, message = ?, metadata = ?, phase = ?, "
-                "started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ?, ranks = coalesce(?, ranks) "
+                "started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ?, placements = ?, "
+                "ranks = coalesce(?, ranks) "
                 "WHERE id = ?",
                 self._updates,
             )

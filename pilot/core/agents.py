@@ -8,6 +8,7 @@ import structlog
 from pilot.core.lifecycle import Lifecycle
 from pilot.core.nodes import AgentRecord
 from pilot.core.outbox import NodeLost
+from pilot.core.phase import Phase
 from pilot.core.state import CoreState, Part
 from pilot.jobs import ProcessResult
 from pilot.model.node import NodeConfigured
@@ -49,10 +50,20 @@ class Agents(Part):
             self.ask_to_register(name)
         elif isinstance(msg, TaskEvents):
             agent.last_seen = self.clock.mono
+            if 0 < msg.seq <= agent.acked:
+                return  # sent again after a REGISTER that already carried it
+            if msg.seq and msg.seq != agent.acked + 1:
+                # A batch is missing (lost with a connection): acknowledging this one would make the agent
+                # drop the missing one (acknowledgements are cumulative). Its REGISTER carries them all.
+                log.warning("agent's events skipped a batch: asking it to register", node=name, seq=msg.seq)
+                self.ask_to_register(name)
+                agent.confirmed = False
+                return
             on_event = self.lifecycle.on_process_event
             for ev in msg.events:
                 on_event(agent, ev)
-            agent.acked = max(agent.acked, msg.seq)
+            if msg.seq:  # an unnumbered batch is applied, and never acknowledged (nothing to drop)
+                agent.acked = msg.seq
         elif isinstance(msg, Heartbeat):
             agent.last_seen = self.clock.mono
             if msg.load:
@@ -86,7 +97,9 @@ class Agents(Part):
             if running:
                 # Processes this daemon does not know (or declared lost): the agent must not keep them.
                 self.outbox.kills[name]["unknown to the daemon"].extend(list(k) for k in running)
-        agent.acked = max(agent.acked, msg.seq)
+        # A REGISTER carries every event its agent has not had acknowledged, up to its number: the next
+        # batch is numbered one more (also when a new agent process starts counting again).
+        agent.acked = msg.seq
         self.nodes.measures(agent, values=msg.values, utilized=msg.utilized)
         self.outbox.to_agent(name, Registered(self.config.pilot.heartbeat_interval, agent.acked))
         if self.allocations.stopping:
@@ -139,6 +152,10 @@ class Agents(Part):
                 kills["canceled"].append([job_id, slot])
             elif job.closing:
                 kills["walltime"].append([job_id, slot])
+            elif job.phase is Phase.WITHDRAWING:
+                # Asked back before the restart; the request may not have left: ask again (an agent that
+                # started it meanwhile says so, and the job runs on).
+                self.outbox.withdraws[agent.name].append([job_id, slot])
         log.info(
             "agent re-adopted",
             node=agent.name,

@@ -154,6 +154,8 @@ class JobBook:
         """A job the journal held, into memory; a queued one into the queue or, blocked, the blocked set."""
         self.counts[job.state] += 1
         self.jobs[job.id] = job
+        if job.phase in (Phase.BEHIND, Phase.WITHDRAWING):
+            self.behind[job.id] = self.clock.mono  # waits behind a core again from now (reclaim's clock)
         if job.phase is not Phase.QUEUED:
             return
         if job.edges is None and not job.user_hold:

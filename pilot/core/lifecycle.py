@@ -42,6 +42,7 @@ class Lifecycle(Part):
         run = job.run
         ranks, run.placement = placed
         run.ranks = ranks
+        job.placements += 1
         run.taken = [True] * len(ranks)
         self.book.changed(job, placed=True)
         plans = self.planner.ranks(job, environment=None)

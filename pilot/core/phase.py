@@ -35,7 +35,9 @@ class Phase(Enum):
 
     @property
     def journaled(self) -> str:
-        """The phase as the journal's ``phase`` column keeps it (queued | pre | ranks | post | done)."""
+        """The phase as the journal's ``phase`` column keeps it. Behind a busy core, being asked back and
+        started are three records, not one: a resumed daemon must know which (an order it asked back
+        may have been given back; a started one never can be)."""
         return _JOURNALED[self]
 
     @staticmethod
@@ -50,8 +52,8 @@ class Phase(Enum):
 _JOURNALED: Final = {
     Phase.BLOCKED: "queued",
     Phase.QUEUED: "queued",
-    Phase.BEHIND: "ranks",
-    Phase.WITHDRAWING: "ranks",
+    Phase.BEHIND: "behind",
+    Phase.WITHDRAWING: "withdrawing",
     Phase.PRE_LAUNCH: "pre",
     Phase.RANKS: "ranks",
     Phase.POST_LAUNCH: "post",
@@ -60,6 +62,8 @@ _JOURNALED: Final = {
 
 _FROM_JOURNAL: Final = {
     "queued": Phase.QUEUED,
+    "behind": Phase.BEHIND,
+    "withdrawing": Phase.WITHDRAWING,
     "pre": Phase.PRE_LAUNCH,
     "ranks": Phase.RANKS,
     "post": Phase.POST_LAUNCH,

@@ -38,7 +38,7 @@ class Planner:
         if len(plans) > 1:
             for p in plans:  # several processes share the job's files: truncated once, before any started
                 p.order.truncate_output = False
-        if run.number:
+        if job.placements > 1:  # the processes' job id is the placement's: tell them the job's
             for p in plans:
                 p.order.rank_environment["PILOT_JOB_ID"] = job.id
         return plans

@@ -282,8 +282,13 @@ class Core:
                 continue
             if not run.processes:
                 self.lifecycle.finish(job)
-            elif job.phase is Phase.RANKS and any(p.order.after_cores for p in run.processes.values()):
-                job.phase = Phase.BEHIND  # as journaled ("ranks"), but its order may still wait for a core
+            elif (
+                job.phase is Phase.RANKS
+                and run.started is None
+                and any(p.order.after_cores for p in run.processes.values())
+            ):
+                # A journal of an earlier version kept a job behind a core as "ranks": not started, it waits.
+                job.phase = Phase.BEHIND
                 book.behind[job.id] = self.clock.mono
         for blocked in list(book.blocked.values()):
             book.unblock(blocked)

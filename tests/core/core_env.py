@@ -68,6 +68,8 @@ class CoreEnv:
         self.core = self._core()
         #: Every status sent to a client, newest per job: what the clients were told.
         self.sent: dict[bytes, dict[str, list[Any]]] = {}
+        #: Per node, the number of the last batch of task events its agent sent.
+        self.batches: dict[str, int] = {}
 
     def _core(self) -> Core:
         return Core(
@@ -87,7 +89,10 @@ class CoreEnv:
     def register(self, name: str = "n0", *, running: list[list[Any]] | None = None, events: list[Any] = ()) -> Step:
         node = NodeConfigured(name=name, hostname=name, processors=list(range(self.cores)), memory=1 << 30)
         refs = tuple((ref[0], ref[1]) for ref in running or ())
-        self.core.on_agent(name, Register(node, refs, tuple(TaskEvent.from_wire(e) for e in events)))
+        self.batches[name] = self.batches.get(name, 0) + (1 if events else 0)
+        self.core.on_agent(
+            name, Register(node, refs, tuple(TaskEvent.from_wire(e) for e in events), self.batches[name])
+        )
         return self.step()
 
     def submit(self, *descriptions: JobDescription, ident: bytes = CLIENT) -> list[str]:
@@ -103,7 +108,8 @@ class CoreEnv:
             self.core.on_agent(node, Heartbeat())
 
     def events(self, node: str, *events: list[Any]) -> None:
-        self.core.on_agent(node, TaskEvents(tuple(TaskEvent.from_wire(e) for e in events)))
+        self.batches[node] = self.batches.get(node, 0) + 1  # numbered as an agent numbers its batches
+        self.core.on_agent(node, TaskEvents(tuple(TaskEvent.from_wire(e) for e in events), self.batches[node]))
 
     def started(self, node: str, proc_id: str, slot: int = 0) -> None:
         self.events(node, [proc_id, slot, "started", self.clock.wall, {}])

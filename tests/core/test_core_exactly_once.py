@@ -2,7 +2,8 @@
 killed between the steps of a withdrawal from behind a busy core, then resumed from its journal while its
 agent re-registers with what it holds and its unacknowledged events.
 
-Each test shows one way the promise breaks today and is marked ``xfail(strict=True)``: it flips once fixed.
+Each test shows one way the promise broke before each placement had its own process job id, the journal
+told behind, withdrawing and started apart, and an agent sent again the batches it made while registering.
 
 * ``AgentModel`` plays the agent's side of the protocol as ``agent/`` does it, step by step: an order placed
   ``after_cores`` waits while its cores are busy and starts when they are free (``ProcessEngine.submit``); a
@@ -98,8 +99,8 @@ class AgentModel:
                     self._ack(msg.acked)
                 else:
                     self.registered = False
-        for reason, keys in step.kills(self.name).items():
-            for k in keys:
+        for reason, refs in step.kills(self.name).items():
+            for k in refs:
                 self._kill((k[0], k[1]), reason)
         for k in step.out.withdraws.get(self.name, []):
             if self._take(self.waiting, (k[0], k[1])) is not None:
@@ -147,9 +148,9 @@ class AgentModel:
     def register_message(self) -> Register:
         """A REGISTER: what runs and waits here, and every unacknowledged event."""
         self.send()
-        keys = tuple((o["job_id"], o["slot"]) for o in self.running + self.waiting)
+        refs = tuple((o["job_id"], o["slot"]) for o in self.running + self.waiting)
         events = tuple(TaskEvent.from_wire(e) for _, chunk in self.unacked for e in chunk)
-        return Register(_node(self.name, self.cores), keys, events, self.seq)
+        return Register(_node(self.name, self.cores), refs, events, self.seq)
 
     def register(self) -> None:
         self.env.core.on_agent(self.name, self.register_message())
@@ -173,7 +174,7 @@ class AgentModel:
 
     def _start(self, order: dict[str, Any]) -> None:
         self.running.append(order)
-        self.starts[order["job_id"]] += 1
+        self.starts[order["job_id"].partition("~")[0]] += 1  # per job, whichever placement
         self._event(order["job_id"], order["slot"], "started", {})
 
     def _start_waiting(self) -> None:
@@ -227,28 +228,21 @@ def _withdrawal_meets_a_new_job(env: CoreEnv, agent: AgentModel) -> tuple[str, s
 
 
 @pytest.mark.parametrize("meanwhile", ["waits", "starts"])
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 19: a withdrawal's re-placement reuses the ProcessKey, so the withdrawn event replayed at "
-    "re-registration takes back the new order (killed as unknown, placed a third time)",
-)
 def test_a_replayed_withdrawn_does_not_take_back_the_order_placed_again(tmp_path: Path, meanwhile: str) -> None:
-    """The old daemon handled ``withdrawn``: it placed the job again behind a busy core (same key) and
-    committed that, the agent got the new order, and the daemon died before it acknowledged the event.
-    The new daemon resumes the job BEHIND with the new order; the agent re-registers holding it and
-    replaying ``withdrawn`` of the first order. Today the replay is applied to the new order: the job is
-    requeued, the order the agent legitimately holds is killed as 'unknown to the daemon', the job is
-    placed a third time, and the kill's exit ends the third placement (FAILED) -- while the third order
-    still runs unowned on a core the daemon counts as free. With ``starts`` the second order started while
-    the daemon was down (its core freed): it is killed mid-run and the job runs twice."""
+    """The old daemon handled ``withdrawn``: it placed the job again behind a busy core and committed that,
+    the agent got the new order, and the daemon died before it acknowledged the event. The new daemon
+    resumes the job BEHIND with the new order; the agent re-registers holding it and replaying
+    ``withdrawn`` of the first order. That replay names the first placement's process job id, so it
+    touches nothing: the order the agent holds is adopted, not killed, and the job runs once. (When
+    both placements carried the same id, the replay requeued the job, the held order was killed as
+    unknown and the job placed a third time; with ``starts`` it ran twice.)"""
     path = tmp_path / "journal.db"
     env = CoreEnv(cores=2, store=Store.open(path))
     agent = AgentModel(env)
     long, behind, _ = _withdrawal_meets_a_new_job(env, agent)
     agent.send()  # withdrawn + late's start reach the old daemon
-    step = env.step()  # ... which places the job again: both cores busy, so behind one, under the same key
-    assert [(o["job_id"], o.get("after_cores", False)) for o in step.orders("n0")] == [(behind, True)]
+    step = env.step()  # ... which places the job again: both cores busy, so behind one (its own process id)
+    assert [(o["job_id"], o.get("after_cores", False)) for o in step.orders("n0")] == [(f"{behind}~1", True)]
     agent.receive(step)  # the agent holds the new order; the daemon dies before acknowledging anything
     if meanwhile == "starts":
         agent.exit(long)  # while no daemon runs: the new order starts on the freed core
@@ -257,10 +251,10 @@ def test_a_replayed_withdrawn_does_not_take_back_the_order_placed_again(tmp_path
     again = _restart(env, path)
     agent.env = again
     first, _ = agent.reregister()
-    assert (behind, 0) in first.running and "withdrawn" in [e.kind for e in first.events if e.job_id == behind]
+    assert (f"{behind}~1", 0) in first.running and "withdrawn" in [e.kind for e in first.events if e.job_id == behind]
     again.core.on_agent("n0", first)
     step = again.step()
-    killed = [k for keys in step.kills("n0").values() for k in keys]
+    killed = [k for refs in step.kills("n0").values() for k in refs]
     agent.receive(step)
     agent.send()
     agent.receive(again.step())
@@ -268,24 +262,17 @@ def test_a_replayed_withdrawn_does_not_take_back_the_order_placed_again(tmp_path
 
     assert agent.starts[behind] == 1, f"job {behind} started {agent.starts[behind]} times"
     assert again.state(behind) is JobState.COMPLETED, again.told(behind)[1:5]
-    assert [behind, 0] not in killed, "the agent was told to kill the order the journal gave it"
+    assert [f"{behind}~1", 0] not in killed, "the agent was told to kill the order the journal gave it"
     assert not agent.running and not agent.waiting
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 19: a repeated REGISTER replays a withdrawn event already applied; the key is reused, so it "
-    "takes back the job's new order and the agent runs both",
-)
 def test_a_repeated_register_does_not_withdraw_the_job_a_second_time(tmp_path: Path) -> None:
     """The daemon dies after sending WITHDRAW and before reading the agent's ``withdrawn``. The new daemon
-    resumes the job BEHIND; the agent sends REGISTER twice (the new daemon, busy resuming, answers after
-    0.5 s). The first is handled as it should be: ``withdrawn`` replayed, the job requeued and placed
-    again behind a busy core -- under the same (job id, slot). The second REGISTER replays the same
-    ``withdrawn``, which now matches the new order: the job is requeued and placed a third time. The agent
-    holds both orders and runs both, each started after the new daemon came up; the client is told
-    COMPLETED once (the second run's events are dropped as a replay)."""
+    resumes the job WITHDRAWING (as journaled); the agent sends REGISTER twice (the new daemon, busy
+    resuming, answers after 0.5 s). The first is handled as it should be: ``withdrawn`` replayed, the job
+    requeued and placed again behind a busy core, under a new process job id. The second REGISTER
+    replays the same ``withdrawn``, which names the first placement: nothing happens, and the job runs
+    once. (When both placements carried the same id, it was placed a third time and ran twice.)"""
     path = tmp_path / "journal.db"
     env = CoreEnv(cores=2, store=Store.open(path))
     agent = AgentModel(env)
@@ -294,11 +281,11 @@ def test_a_repeated_register_does_not_withdraw_the_job_a_second_time(tmp_path: P
 
     again = _restart(env, path)
     agent.env = again
-    assert again.job(behind).phase is Phase.BEHIND
+    assert again.job(behind).phase is Phase.WITHDRAWING  # as journaled: asked back, not only behind
     first, second = agent.reregister()
     again.core.on_agent("n0", first)
     step = again.step()
-    assert [(o["job_id"], o.get("after_cores", False)) for o in step.orders("n0")] == [(behind, True)]
+    assert [(o["job_id"], o.get("after_cores", False)) for o in step.orders("n0")] == [(f"{behind}~1", True)]
     again.core.on_agent("n0", second)  # sent before REGISTERED came back; read after that step
     step2 = again.step()
     agent.receive(step)
@@ -327,8 +314,8 @@ def _step_to_agent(env: CoreEnv, agent: Agent) -> Step:
     for node, msg in step.out.to_agents:
         if node == name:
             agent._handle(msg)
-    for reason, keys in step.kills(name).items():
-        agent._handle(Kill(tuple((k[0], k[1]) for k in keys), reason))
+    for reason, refs in step.kills(name).items():
+        agent._handle(Kill(tuple((k[0], k[1]) for k in refs), reason))
     if step.out.withdraws.get(name):
         agent._handle(Withdraw(tuple((k[0], k[1]) for k in step.out.withdraws[name])))
     if step.orders(name):
@@ -337,12 +324,6 @@ def _step_to_agent(env: CoreEnv, agent: Agent) -> Step:
     return step
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 19: events the agent forwards between its REGISTER and the REGISTERED reply are kept unacked "
-    "but never sent, and a later acknowledgement drops them: the job never ends",
-)
 def test_an_exit_between_register_and_registered_reaches_the_daemon(tmp_path: Path) -> None:
     """The real agent (null launches, its loop's steps called by hand). A job runs; the daemon is killed
     and resumed. The agent's REGISTER (its snapshot: the job running) is on its way when the job exits:
@@ -408,12 +389,6 @@ def test_an_exit_between_register_and_registered_reaches_the_daemon(tmp_path: Pa
         agent._waiter.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 19: the journal keeps BEHIND, WITHDRAWING and started RANKS all as 'ranks'; resume guesses "
-    "BEHIND from after_cores even for a job whose start it journaled, and asks a running job back",
-)
 def test_a_resumed_job_that_started_behind_a_core_is_not_asked_back(tmp_path: Path) -> None:
     """A job placed behind a busy core starts; its start is acknowledged and journaled (phase 'ranks',
     started set). After a restart, resume() turns every 'ranks' job whose order was placed after_cores

@@ -131,7 +131,9 @@ def test_withdrawn_order_is_placed_again_on_the_free_core() -> None:
     env.events("n0", [behind, 0, "withdrawn", env.clock.wall, {}])
     step = env.step()
     (order,) = step.orders("n0")
-    assert (order["job_id"], order["cores"], order.get("after_cores", False)) == (behind, [1], False)
+    # Placed again: its order has its own process job id, so nothing said of the first one can touch it.
+    assert (order["job_id"], order["cores"], order.get("after_cores", False)) == (f"{behind}~1", [1], False)
+    assert order["rank_environment"]["PILOT_JOB_ID"] == behind
     assert env.job(behind).phase is Phase.RANKS and env.job(behind).state is JobState.QUEUED
 
 
