@@ -43,6 +43,7 @@ import msgpack
 from pilot.core.phase import Phase
 from pilot.frontends import JOURNAL_EXTRAS
 from pilot.jobs import JobRecord, ProcessResult
+from pilot.journal_check import wal_damage
 from pilot.launchers.base import PlannedProcess
 from pilot.lrm.base import Allocation, AllocationState
 from pilot.model.job_description import JobDescription
@@ -131,6 +132,15 @@ class JournalError(Exception):
     """The journal cannot be used; the message names the file and what to do about it."""
 
 
+class JournalDamaged(JournalError):
+    """The journal is damaged (not a database, a corrupt page, a WAL that does not verify, a record that
+    cannot be read): ``damage`` says what was found, without advice (the daemon adds what to do)."""
+
+    def __init__(self, message: str, *, damage: str) -> None:
+        super().__init__(message)
+        self.damage = damage
+
+
 @dataclass(slots=True)
 class Recovered:
     """Everything :meth:`Store.load` found: enough to rebuild the daemon's job table and allocation.
@@ -198,6 +208,12 @@ class Store:
         one thread at a time) when :meth:`checkpoint_due`."""
         path = Path(path)
         try:
+            damage = wal_damage(path)  # before SQLite opens it: it would drop what does not verify, silently
+        except OSError as exc:
+            raise JournalError(f"cannot read the pilot journal's WAL {path}-wal: {exc.strerror}") from None
+        if damage is not None:
+            raise _damaged(path, damage)
+        try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise JournalError(f"cannot open the pilot journal {path}: {exc.strerror}") from None
@@ -217,9 +233,7 @@ class Store:
         except UnicodeDecodeError:
             # SQLite's message quotes a damaged schema byte that Python cannot decode: a corrupt file.
             db.close()
-            raise JournalError(
-                f"the pilot journal {path} is corrupt (damaged schema); {_FIX.format(path=path)}"
-            ) from None
+            raise _damaged(path, "it is corrupt (its schema is damaged)") from None
         except BaseException:
             db.close()
             raise
@@ -250,13 +264,49 @@ class Store:
             db.execute("BEGIN IMMEDIATE")
             try:
                 tx.write(db)
+                db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # SQLite rolls back by itself after some errors (a full disk)
+                    db.execute("ROLLBACK")
                 raise
-            db.execute("COMMIT")
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
         self.commits += 1
+
+    def check(self) -> None:
+        """SQLite's ``quick_check`` of every page (b-tree structure, records, free list; not whether each
+        index matches its table): :class:`JournalDamaged` when a page is corrupt. Reads the whole file."""
+        try:
+            rows = self._db.execute("PRAGMA quick_check(5)").fetchall()
+        except sqlite3.Error as exc:
+            error = _error(self.path, exc)
+            if isinstance(error, JournalDamaged):  # too damaged for the check to finish
+                raise _damaged(self.path, f"SQLite's integrity check finds: {exc}") from None
+            raise error from None
+        found = [str(r[0]) for r in rows]
+        if found != ["ok"]:
+            raise _damaged(self.path, "SQLite's integrity check finds: " + "; ".join(found))
+
+    def snapshot(self, target: Path) -> None:
+        """Copy the journal as of its last commit to ``target`` (SQLite's online backup), through a
+        temporary file renamed into place, so ``target`` is always a whole snapshot. Blocking (reads the
+        whole journal, writes the copy): run it in a worker thread, touching nothing else of the store
+        until it returns. :class:`JournalError` when the copy cannot be written (the old one stays)."""
+        tmp = target.with_name(target.name + ".tmp")
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)  # job environments: private
+            os.close(fd)
+            dst = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                dst.execute("PRAGMA journal_mode = OFF")  # a scratch copy until renamed: no journal of its own
+                self._db.backup(dst)
+            finally:
+                dst.close()
+            os.replace(tmp, target)
+        except (OSError, sqlite3.Error) as exc:
+            tmp.unlink(missing_ok=True)
+            text = exc.strerror if isinstance(exc, OSError) else str(exc)
+            raise JournalError(f"cannot write the journal snapshot {target}: {text}") from None
 
     def checkpoint_due(self) -> bool:
         """The WAL has outgrown ``checkpoint_bytes``. A ``stat`` of the WAL, which on NFS first writes
@@ -289,9 +339,8 @@ class Store:
             UnicodeDecodeError,
             msgpack.UnpackException,
         ) as exc:
-            raise JournalError(
-                f"the pilot journal {self.path} holds a record this pilot cannot read ({type(exc).__name__}: {exc}); "
-                f"{_FIX.format(path=self.path)}"
+            raise _damaged(
+                self.path, f"it holds a record this pilot cannot read ({type(exc).__name__}: {exc})"
             ) from None
 
     def _load(self) -> Recovered:
@@ -481,12 +530,14 @@ class Store:
     def discard(self) -> None:
         """Close and delete the journal: the pilot stopped cleanly, so the next one on this run directory
         starts afresh instead of resuming."""
-        self.close()
-        for suffix in ("", "-wal", "-shm"):
-            try:
-                os.unlink(f"{self.path}{suffix}")
-            except FileNotFoundError:
-                pass
+        try:
+            self.close()
+        finally:  # also when the close's checkpoint fails (a full disk): the next pilot must not resume
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    os.unlink(f"{self.path}{suffix}")
+                except FileNotFoundError:
+                    pass
 
     def __enter__(self) -> Store:
         return self
@@ -552,6 +603,10 @@ def _migrate_v4(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE jobs ADD COLUMN placements INTEGER NOT NULL DEFAULT -1")
 
 
+def _damaged(path: Path, damage: str) -> JournalDamaged:
+    return JournalDamaged(f"the pilot journal {path} is damaged: {damage}; {_FIX.format(path=path)}", damage=damage)
+
+
 def _error(path: Path, exc: sqlite3.Error) -> JournalError:
     text = str(exc)
     if "locked" in text or "busy" in text:
@@ -560,7 +615,7 @@ def _error(path: Path, exc: sqlite3.Error) -> JournalError:
             "directory? 'pilot status' tells); stop it first"
         )
     if "not a database" in text or "malformed" in text or "corrupt" in text:
-        return JournalError(f"the pilot journal {path} is corrupt ({text}); {_FIX.format(path=path)}")
+        return _damaged(path, f"it is corrupt ({text})")
     if "readonly" in text or "unable to open" in text or "disk I/O" in text or "full" in text:
         return JournalError(
             f"cannot write the pilot journal {path} ({text}): check the file system, its space and permissions"
@@ -603,7 +658,7 @@ def _setup(db: sqlite3.Connection, path: Path, *, durable: bool) -> None:
                     f"reads up to {SCHEMA_VERSION}): run that newer pilot on this run directory, or upgrade this one"
                 )
             elif version < 1:
-                raise JournalError(f"the pilot journal {path} has no schema version; {_FIX.format(path=path)}")
+                raise _damaged(path, "it has no schema version")
             else:
                 if version == 1:
                     _migrate_v1(db)

@@ -231,6 +231,21 @@ class Batch:
             )
 
     @property
+    def rows(self) -> int:
+        """How many rows the batch writes (what a daemon whose journal cannot be written holds in memory)."""
+        return (
+            len(self._accepted)
+            + len(self._dispatched)
+            + len(self._results)
+            + len(self._envs)
+            + len(self._alloc)
+            + len(self._requeued)
+            + len(self._updates)
+            + len(self._nodes)
+            + len(self._meta)
+        )
+
+    @property
     def empty(self) -> bool:
         return not (
             self._accepted
