@@ -222,6 +222,11 @@ def _status(args: argparse.Namespace) -> None:
     p = st["pilot"]
     flags = "".join(f"  [{w}]" for w in ("resumed", "draining") if p.get(w))
     print(f"pilot {p['name']}  pid {p['pid']}  up {_dur(p['uptime'])}  run dir {p['rundir']}{flags}")
+    journal = p.get("journal") or {}
+    if journal.get("error"):
+        held = f"; {journal['held']} change(s) held in memory until it can be written" if journal.get("held") else ""
+        since = time.time() - float(journal.get("since") or time.time())
+        print(f"journal: new jobs refused for {_dur(since)}: {journal['error']}{held}")
     allocations = st.get("allocations") or []
     if not allocations:
         print("allocation: none yet")

@@ -53,6 +53,8 @@ class PilotSettings:
     mpi_flavor: str = "openmpi"
     #: MiB of journal WAL after which the daemon copies it into the journal file, in a worker thread.
     journal_checkpoint_mib: float = 4.0
+    #: Seconds between two snapshots of the journal ('pilot up --restore' rebuilds from the last); 0: none.
+    journal_snapshot_seconds: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,10 +184,18 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
         client_port=_get(p, "client_port", int, "pilot.", source, d.client_port),
         mpi_flavor=_get(p, "mpi_flavor", str, "pilot.", source, d.mpi_flavor),
         journal_checkpoint_mib=_get(p, "journal_checkpoint_mib", float, "pilot.", source, d.journal_checkpoint_mib),
+        journal_snapshot_seconds=_get(
+            p, "journal_snapshot_seconds", float, "pilot.", source, d.journal_snapshot_seconds
+        ),
     )
     if not 0.0625 <= pilot.journal_checkpoint_mib <= 4096:
         raise ConfigError(
             f"{source}: pilot.journal_checkpoint_mib = {pilot.journal_checkpoint_mib}; give 0.0625 to 4096 (MiB)"
+        )
+    if not (pilot.journal_snapshot_seconds == 0 or 0.5 <= pilot.journal_snapshot_seconds <= 86400):
+        raise ConfigError(
+            f"{source}: pilot.journal_snapshot_seconds = {pilot.journal_snapshot_seconds}; give 0.5 to 86400 "
+            "(seconds), or 0 for no snapshots"
         )
     if pilot.mpi_flavor not in ("openmpi", "mpich"):
         raise ConfigError(

@@ -28,6 +28,7 @@ from pilot.core.outbox import CancelAllocation, NodeLost
 from pilot.core.reactor import Core
 from pilot.delivery import ClientDelivery, send
 from pilot.endpoints import EndpointError, Endpoints
+from pilot.journal_guard import RESERVE_MAX, JournalGuard
 from pilot.launchers import LAUNCHERS
 from pilot.launchers.mpirun import MpirunLauncher
 from pilot.parking import Parking, is_submit
@@ -101,8 +102,10 @@ class Daemon:
         self._lock_fd: int | None = None
         self._tg: anyio.abc.TaskGroup | None = None  # the daemon's task group: batch system calls
         self.store: Store | None = None
-        #: Set while the journal's WAL is copied into its file in a worker thread; set when that ends.
+        self.guard: JournalGuard | None = None
+        #: Set while a worker thread has the journal (a checkpoint, a snapshot); set when that ends.
         self._checkpointing: anyio.Event | None = None
+        self._journal_work = anyio.Lock()
         self._checkpoint_look: float = _CHECKPOINT_LOOK  # the commit count at which to look at the WAL next
         self._alloc_seen: dict[str, tuple[Any, ...]] = {}
 
@@ -138,7 +141,7 @@ class Daemon:
         self._take_lock()
         clean = False
         try:
-            recovered = self._open_journal()
+            recovered = await self._open_journal()
             resuming = bool(recovered.allocations) or "agent_url" in recovered.meta
             try:
                 await self.endpoints.bind_clients(resumed=resuming)  # before any allocation: may fail
@@ -174,6 +177,8 @@ class Daemon:
                     self.store.discard() if clean else self.store.close()
                 except JournalError as exc:
                     log.error("journal", error=str(exc))
+                if clean and self.guard is not None:
+                    self.guard.discard()
             self.endpoints.close()
             self._waiter.close()
             self.rundir.remove_info()
@@ -183,17 +188,23 @@ class Daemon:
                 os.close(self._lock_fd)
             log.info("pilot stopped")
 
-    def _open_journal(self) -> Recovered:
+    async def _open_journal(self) -> Recovered:
+        """Open the journal and make its reserve (see :mod:`pilot.journal_guard`)."""
+        checkpoint = int(self.config.pilot.journal_checkpoint_mib * (1 << 20))
         try:
-            self.store = Store.in_run_dir(
-                self.rundir.path,
-                auto_checkpoint=False,
-                checkpoint_bytes=int(self.config.pilot.journal_checkpoint_mib * (1 << 20)),
-            )
+            self.store = Store.in_run_dir(self.rundir.path, auto_checkpoint=False, checkpoint_bytes=checkpoint)
             self.core.book.history = self.store
-            return self.store.load()
+            recovered = self.store.load()
         except JournalError as exc:
             raise DaemonError(str(exc)) from None
+        self.guard = JournalGuard(
+            self.store,
+            reserve_bytes=min(checkpoint, RESERVE_MAX),
+            snapshot_seconds=self.config.pilot.journal_snapshot_seconds,
+        )
+        if not await anyio.to_thread.run_sync(self.guard.make_reserve):
+            log.error("journal has no reserve: new jobs are refused until there is room", error=self.guard.trouble)
+        return recovered
 
     async def _bind_agents(self, *, endpoint: str | None = None) -> None:
         local = all(s.lrm.kind == "local" for s in self.allocations.sites)
@@ -258,6 +269,8 @@ class Daemon:
     async def _shutdown(self) -> None:
         core = self.core
         log.info("pilot stopping", jobs=len(core.book.jobs))
+        if self.guard is not None:
+            self.guard.stopping = True
         self._clock()
         core.cancel_all("pilot stopped")
         self.poke()
@@ -380,45 +393,61 @@ class Daemon:
         except (wire.ProtocolError, UnicodeDecodeError) as exc:
             log.warning("dropped agent frame", reason=str(exc), size=len(payload))
 
-    def _commit(self) -> None:
+    def _commit(self) -> bool:
         """Write the step's journal batch in one transaction, before any reply or order leaves: what a
-        client or agent has been told is in the journal. A journal that cannot be written stops the
-        daemon (nothing unjournaled is acknowledged; a restart resumes from the last commit)."""
-        tx = self.core.outbox.take_journal()
+        client or agent has been told is in the journal. False when it could not be written: the batch
+        stays in the outbox, the core adds to it, and the guard holds back what depends on it
+        (:mod:`pilot.journal_guard`)."""
+        core = self.core
+        tx = core.outbox.take_journal()
         for name, held in self.allocations.held.items():
             a = held.allocation
             seen = (a.state, a.started, a.message, a.nodes, len(a.hosts), len(a.expected_nodes))
             if seen != self._alloc_seen.get(name):
                 self._alloc_seen[name] = seen
                 tx.allocation(a, key=name, site=held.site.name)
-        if self.store is None:
-            return
+        if self.store is None or self.guard is None:
+            return True
         store = self.store
-        store.commit(tx)
-        self.core.book.committed()
+        written = self.guard.write(tx, mono=core.clock.mono, wall=core.clock.wall)
+        core.admission.refusing = self.guard.refusal
+        if not written:
+            core.outbox.journal = tx
+            return False
+        core.book.committed()
         if store.commits >= self._checkpoint_look and self._tg is not None:
             self._checkpoint_look = math.inf  # until this look is done
             self._tg.start_soon(self._checkpoint, store)
+        return True
 
     async def _checkpoint(self, store: Store) -> None:
-        """Every few commits: if the journal's WAL outgrew its limit, copy it into the journal file. Both
-        the look (a ``stat``) and the copy (two ``fsync``) run in a worker thread: on a network file
-        system either may take long. During the copy the I/O task reads agents but leaves the store
-        alone: no commit, so nothing is sent that the journal does not hold yet, and no client request is
-        read."""
+        """Every few commits: if the journal's WAL outgrew its limit, copy it into the journal file. The
+        look (a ``stat``) runs in a worker thread, as does the copy (two ``fsync``), in
+        :meth:`_with_journal`: on a network file system either may take long."""
         try:
-            due = await anyio.to_thread.run_sync(store.checkpoint_due)
-            if due:
+            if await anyio.to_thread.run_sync(store.checkpoint_due):
                 t0 = time.monotonic()
-                done = self._checkpointing = anyio.Event()
-                try:
-                    await anyio.to_thread.run_sync(store.checkpoint)
-                finally:
-                    self._checkpointing = None
-                    done.set()
+                await self._with_journal(store.checkpoint)
                 log.debug("journal checkpointed", seconds=round(time.monotonic() - t0, 4))
+        except JournalError as exc:  # e.g. no room to grow the journal file: the WAL keeps it all meanwhile
+            log.warning("journal checkpoint failed", error=str(exc))
         finally:
             self._checkpoint_look = store.commits + _CHECKPOINT_LOOK
+
+    async def _snapshot(self, guard: JournalGuard) -> None:
+        await self._with_journal(guard.snapshot)
+
+    async def _with_journal(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on the store in a worker thread. Meanwhile the I/O task reads agents but leaves the
+        store alone: no commit, so nothing is sent that the journal does not hold yet, and no client
+        request is read."""
+        async with self._journal_work:
+            done = self._checkpointing = anyio.Event()
+            try:
+                await anyio.to_thread.run_sync(work)
+            finally:
+                self._checkpointing = None
+                done.set()
 
     def _flush(self) -> None:
         """One step of the core, the journal committed, then every outbox sent: one message per peer and
@@ -426,12 +455,18 @@ class Daemon:
         core = self.core
         if self.parking:
             self.parking.release()
-        core.step()
-        self._commit()
+        held = self.guard is not None and self.guard.held
+        if held:
+            core.book.seal()  # nothing new is placed while changes wait in memory for the journal
+        else:
+            core.step()
+        written = self._commit()
         if core.admission.draining and not self._stop.is_set() and not core.book.unfinished():
             log.info("drained: every accepted job has ended")
             self._stop.set()
         out = core.outbox.take()
+        if self.guard is not None:
+            out = self.guard.outgoing(out, written=written)
         agents = self.endpoints.agents
         # Agents first: their work starts while the clients' replies are encoded and sent.
         for node, msg in out.to_agents:
@@ -445,7 +480,8 @@ class Daemon:
             send(agents, [node.encode(), Launch.frame(orders)])
         self.delivery.flush(out.replies, out.statuses)
         self._start_effects(out.effects)
-        core.book.retire()
+        if written:
+            core.book.retire()  # ended jobs leave memory once the journal holds them
         self._progress.notify()
 
     def _effects(self) -> None:
@@ -478,6 +514,11 @@ class Daemon:
             await anyio.sleep(min(0.5, self.config.pilot.heartbeat_interval))
             self._clock()
             core.on_tick()
+            guard = self.guard
+            if guard is not None:
+                await guard.recover(mono=core.clock.mono)
+                if self._tg is not None and guard.snapshot_due(mono=core.clock.mono):
+                    self._tg.start_soon(self._snapshot, guard)
             if not self.allocations.stopping:
                 await self.acquisition.poll()
                 self._clock()
@@ -527,5 +568,6 @@ class Daemon:
                 "uptime": time.time() - self.started,
                 "draining": self.core.admission.draining,
                 "resumed": self.resumed,
+                "journal": self.guard.status() if self.guard is not None else None,
             },
         )

@@ -17,9 +17,13 @@ class Admission(Part):
         super().__init__(state)
         #: 'pilot down --drain': no new jobs; the pilot stops once the accepted ones ended.
         self.draining = False
+        #: Set by the shell while its journal cannot take new jobs: what to tell their submitters.
+        self.refusing: str | None = None
 
     def refusal(self) -> dict[str, Any] | None:
         """Why this pilot takes no new job now (the same answer for every job of a request), or None."""
+        if self.refusing is not None:
+            return {"error": self.refusing, "transient": True}
         if self.allocations.stopping or self.draining:
             what = "draining ('pilot down --drain')" if self.draining else "stopping"
             return {"error": f"the pilot is {what}; submit to a new one", "transient": True}
