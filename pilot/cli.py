@@ -10,11 +10,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pilot import config as config_mod
 from pilot.rundir import RunDir
 from pilot.security import SecurityError
+
+if TYPE_CHECKING:
+    from pilot.earlier_life import Start
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,6 +36,19 @@ def main(argv: list[str] | None = None) -> None:
     up.add_argument("--foreground", action="store_true", help="stay attached; log to stderr")
     up.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     up.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    start = up.add_mutually_exclusive_group()
+    start.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start anew over a run directory whose journal is missing or damaged: stop the agents and tasks "
+        "the earlier pilot left running, keep its journal files in earlier/",
+    )
+    start.add_argument(
+        "--restore",
+        action="store_true",
+        help="rebuild from the journal's last snapshot and what the agents still hold, when the journal is "
+        "missing or damaged",
+    )
 
     st = sub.add_parser("status", help="the pilot, its allocation, nodes and jobs")
     where(st)
@@ -113,8 +129,9 @@ def _rundir(args: argparse.Namespace) -> RunDir:
 def _up(args: argparse.Namespace) -> None:
     cfg = config_mod.load(args.config.resolve() if args.config else None)
     rundir = _rundir(args) if (args.rundir or args.name != "default") else RunDir.named(cfg.pilot.name)
+    start: Start = "fresh" if args.fresh else "restore" if args.restore else "resume"
     if args.foreground:
-        _serve(cfg, rundir, embedded=args.embedded, parent_pid=args.parent_pid)
+        _serve(cfg, rundir, embedded=args.embedded, parent_pid=args.parent_pid, start=start)
         return
     info = rundir.read_info()
     if info is not None:
@@ -129,6 +146,8 @@ def _up(args: argparse.Namespace) -> None:
     cmd = [sys.executable, "-m", "pilot", "up", "--foreground", "--rundir", str(rundir.path)]
     if args.config:
         cmd += ["--config", str(args.config.resolve())]
+    if start != "resume":
+        cmd.append(f"--{start}")
     with open(rundir.log_file, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + 60
@@ -146,7 +165,9 @@ def _up(args: argparse.Namespace) -> None:
     sys.exit(1)
 
 
-def _serve(cfg: config_mod.Config, rundir: RunDir, *, embedded: bool, parent_pid: int | None) -> None:
+def _serve(
+    cfg: config_mod.Config, rundir: RunDir, *, embedded: bool, parent_pid: int | None, start: Start = "resume"
+) -> None:
     import anyio
 
     from pilot.collector import collect_rarely
@@ -155,7 +176,7 @@ def _serve(cfg: config_mod.Config, rundir: RunDir, *, embedded: bool, parent_pid
 
     configure(level=cfg.pilot.log_level)
     collect_rarely()
-    daemon = Daemon(config=cfg, rundir=rundir, embedded=embedded)
+    daemon = Daemon(config=cfg, rundir=rundir, embedded=embedded, start=start)
 
     async def serve() -> None:
         failure: Exception | None = None
@@ -221,6 +242,8 @@ def _status(args: argparse.Namespace) -> None:
         return
     p = st["pilot"]
     flags = "".join(f"  [{w}]" for w in ("resumed", "draining") if p.get(w))
+    if p.get("restored"):
+        flags += f"  [restored from the journal snapshot of {_utc(p['restored'])}]"
     print(f"pilot {p['name']}  pid {p['pid']}  up {_dur(p['uptime'])}  run dir {p['rundir']}{flags}")
     journal = p.get("journal") or {}
     if journal.get("error"):
@@ -474,6 +497,10 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
 def _dur(seconds: float) -> str:

@@ -27,6 +27,7 @@ from pilot.config import Config
 from pilot.core.outbox import CancelAllocation, NodeLost
 from pilot.core.reactor import Core
 from pilot.delivery import ClientDelivery, send
+from pilot.earlier_life import Restoration, Start, give_back, open_journal
 from pilot.endpoints import EndpointError, Endpoints
 from pilot.journal_guard import RESERVE_MAX, JournalGuard
 from pilot.launchers import LAUNCHERS
@@ -45,6 +46,7 @@ from pilot.wire.messages import (
     Launch,
     ListJobs,
     Nodes,
+    Register,
     Release,
     Show,
     Shutdown,
@@ -67,10 +69,11 @@ class DaemonError(RuntimeError):
 
 
 class Daemon:
-    def __init__(self, *, config: Config, rundir: RunDir, embedded: bool = False) -> None:
+    def __init__(self, *, config: Config, rundir: RunDir, embedded: bool = False, start: Start = "resume") -> None:
         self.config = config
         self.rundir = rundir
         self.embedded = embedded
+        self.start = start  # how the journal is opened: see pilot.earlier_life
         sites = [
             Site(s, lrm.create(s.lrm, options=s.options, source=config.source, table=s.table)) for s in config.sites
         ]
@@ -103,6 +106,8 @@ class Daemon:
         self._tg: anyio.abc.TaskGroup | None = None  # the daemon's task group: batch system calls
         self.store: Store | None = None
         self.guard: JournalGuard | None = None
+        #: After 'pilot up --restore', until every agent is back: what the snapshot cannot know.
+        self.restoration: Restoration | None = None
         #: Set while a worker thread has the journal (a checkpoint, a snapshot); set when that ends.
         self._checkpointing: anyio.Event | None = None
         self._journal_work = anyio.Lock()
@@ -189,14 +194,19 @@ class Daemon:
             log.info("pilot stopped")
 
     async def _open_journal(self) -> Recovered:
-        """Open the journal and make its reserve (see :mod:`pilot.journal_guard`)."""
+        """Open the journal as ``self.start`` says, never a silent fresh start over an earlier life (see
+        :mod:`pilot.earlier_life`); make its reserve (see :mod:`pilot.journal_guard`)."""
         checkpoint = int(self.config.pilot.journal_checkpoint_mib * (1 << 20))
         try:
-            self.store = Store.in_run_dir(self.rundir.path, auto_checkpoint=False, checkpoint_bytes=checkpoint)
-            self.core.book.history = self.store
-            recovered = self.store.load()
-        except JournalError as exc:
+            opened = await anyio.to_thread.run_sync(
+                lambda: open_journal(self.rundir, start=self.start, checkpoint_bytes=checkpoint)
+            )
+        except (JournalError, OSError) as exc:
             raise DaemonError(str(exc)) from None
+        if opened.note:
+            log.warning("journal opened", how=opened.note, rundir=str(self.rundir.path))
+        self.store = opened.store
+        self.core.book.history = self.store
         self.guard = JournalGuard(
             self.store,
             reserve_bytes=min(checkpoint, RESERVE_MAX),
@@ -204,7 +214,10 @@ class Daemon:
         )
         if not await anyio.to_thread.run_sync(self.guard.make_reserve):
             log.error("journal has no reserve: new jobs are refused until there is room", error=self.guard.trouble)
-        return recovered
+        await give_back(opened.release, sites=self.allocations.sites)  # --fresh: the earlier life's batch jobs
+        if opened.restored is not None:
+            self.core.outbox.journal.meta(Restoration.META, opened.restored)
+        return opened.recovered
 
     async def _bind_agents(self, *, endpoint: str | None = None) -> None:
         local = all(s.lrm.kind == "local" for s in self.allocations.sites)
@@ -226,6 +239,10 @@ class Daemon:
                 )
             self.allocations.held[name] = PilotAllocation(name, source, allocation, over=allocation.state.final)
         self.resumed = True
+        restored = recovered.meta.get(Restoration.META)
+        if isinstance(restored, dict):
+            self.restoration = Restoration(restored)
+            recovered.next_seq = max(recovered.next_seq, self.restoration.next_seq)
         self.allocations.restore_failures(recovered.meta.get(self.allocations.META))
         url = recovered.meta.get("agent_url")
         await self._bind_agents(endpoint=url if isinstance(url, str) else None)
@@ -389,7 +406,10 @@ class Daemon:
             if m.kind != wire.Kind.REGISTER and not agents.registered(name):
                 agents.ask_to_register(name)  # its body is not even read
                 return
-            self.core.on_agent(name, cast(AgentMessage, TO_DAEMON_FROM_AGENT[m.kind].from_body(m.body)))
+            msg = cast(AgentMessage, TO_DAEMON_FROM_AGENT[m.kind].from_body(m.body))
+            if self.restoration is not None and isinstance(msg, Register):
+                msg = self.restoration.amend(self.core, name, msg)
+            self.core.on_agent(name, msg)
         except (wire.ProtocolError, UnicodeDecodeError) as exc:
             log.warning("dropped agent frame", reason=str(exc), size=len(payload))
 
@@ -569,5 +589,6 @@ class Daemon:
                 "draining": self.core.admission.draining,
                 "resumed": self.resumed,
                 "journal": self.guard.status() if self.guard is not None else None,
+                "restored": self.restoration.snapshot if self.restoration is not None else None,
             },
         )
