@@ -132,12 +132,22 @@ class Restartable:
         return errors
 
     def up_again(self, *, forget_jobs: bool = False) -> None:
-        """``pilot up`` on the same run directory; ``forget_jobs`` removes the journal first, so the new
-        daemon starts empty whatever it is able to recover."""
-        if forget_jobs:
-            for suffix in ("", "-wal", "-shm"):
-                (self.pilot.rundir.path / f"{JOURNAL_FILE}{suffix}").unlink(missing_ok=True)
-        self.pilot.up_again()
+        """``pilot up`` on the same run directory; ``forget_jobs`` removes the journal first and starts the
+        new daemon with ``--fresh`` (without it, a lost journal is refused), so it starts empty."""
+        if not forget_jobs:
+            self.pilot.up_again()
+            return
+        for suffix in ("", "-wal", "-shm"):
+            (self.pilot.rundir.path / f"{JOURNAL_FILE}{suffix}").unlink(missing_ok=True)
+        p = self.pilot
+        proc = subprocess.run(
+            [PYTHON, "-m", "pilot", "up", "--fresh", "--config", str(p.config), "--rundir", str(p.rundir.path)],
+            env=p.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, f"pilot up --fresh failed: {proc.stdout}\n{proc.stderr}"
 
 
 @pytest.fixture
