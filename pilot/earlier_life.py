@@ -19,7 +19,9 @@ damaged journal is refused also without such traces. Two explicit ways on:
   outstanding that the agent neither runs nor reports ran and was acknowledged after it -- its job ends
   FAILED, never sent again; a job the snapshot has queued whose process an agent runs or reports started
   after it -- it ends FAILED and the process is killed. Job ids go on from the next million, so no id
-  the lost journal gave out is given again.
+  the lost journal gave out is given again. The restore's record stays in the journal (meta
+  ``restored``): a daemon resumed later settles each agent's first REGISTER by it again, which changes
+  nothing that was settled (those processes have their results in the journal by then).
 """
 
 from __future__ import annotations
@@ -301,9 +303,8 @@ def _when(t: float | None) -> str:
 
 
 class Restoration:
-    """What a journal restored from a snapshot cannot know, settled as each agent registers again
-    (see the module's docstring). Journaled as meta ``restored`` until every node has been settled, so a
-    daemon that dies meanwhile settles the rest."""
+    """What a journal restored from a snapshot cannot know, settled as each agent registers again (see
+    the module's docstring)."""
 
     META: Final = "restored"
 
@@ -311,6 +312,7 @@ class Restoration:
         self.snapshot = float(record.get("snapshot", 0.0))
         self.next_seq = int(record.get("next_seq", 1))
         self.uncertain: dict[str, set[tuple[str, int]]] = {}
+        self._settled: set[str] = set()  # nodes whose agent registered since this daemon started
         for node, job_id, slot in record.get("uncertain", []):
             self.uncertain.setdefault(str(node), set()).add((str(job_id), int(slot)))
 
@@ -326,17 +328,14 @@ class Restoration:
         next_seq = (recovered.next_seq // RESTORED_IDS + 1) * RESTORED_IDS
         return {"snapshot": snapshot, "next_seq": next_seq, "uncertain": uncertain}
 
-    def record(self) -> dict[str, Any]:
-        uncertain = [[node, job_id, slot] for node, keys in self.uncertain.items() for job_id, slot in sorted(keys)]
-        return {"snapshot": self.snapshot, "next_seq": self.next_seq, "uncertain": uncertain}
-
     def amend(self, core: Core, name: str, msg: Register) -> Register:
         """The REGISTER of ``name``'s agent, the first since the restore, with a 'failed' event added for
         each process the snapshot has outstanding there that the agent neither runs nor reports; jobs the
         snapshot has queued that the agent runs or reports end FAILED (the core then kills what runs)."""
-        keys = self.uncertain.pop(name, None)
-        if keys is None:
+        if name in self._settled:
             return msg
+        self._settled.add(name)
+        keys = self.uncertain.pop(name, set())
         when = _when(self.snapshot)
         seen = set(msg.running) | {(ev.job_id, ev.slot) for ev in msg.events}
         for job_id, _ in sorted(seen - keys):
@@ -356,8 +355,7 @@ class Restoration:
             TaskEvent(job_id, slot, "failed", core.clock.wall, {"message": message})
             for job_id, slot in sorted(keys - seen)
         )
-        core.outbox.journal.meta(self.META, self.record())
-        log.warning(
+        log.info(
             "restored journal: agent back",
             node=name,
             outcome_unknown=len(lost),
