@@ -2,7 +2,7 @@
 and long jobs runs with the backlog on (orders wait at the agent behind busy cores and are taken back
 to free ones). Every job must end, and its marker file must show exactly one run.
 
-    python tests/stress/restart_race.py [--cycles 30] [--jobs 400] [--seed 1]
+    python tests/stress/restart_race.py [--cycles 30] [--jobs 400] [--seed 1] [--cores 4] [--interval 1.0]
 
 Every job exits 0. Prints the counts and exits 1 if any job ran twice, never ran, did not end, or did
 not end COMPLETED.
@@ -34,7 +34,7 @@ backlog = 4
 [allocation]
 lrm = "local"
 nodes = 1
-cores_per_node = 2
+cores_per_node = {cores}
 """
 
 
@@ -54,13 +54,15 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=30)
     ap.add_argument("--jobs", type=int, default=400)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cores", type=int, default=4)
+    ap.add_argument("--interval", type=float, default=1.0, help="most seconds between two kills")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="restart-race-"))
     marks = work / "marks"
     marks.mkdir()
     cfg = work / "pilot.toml"
-    cfg.write_text(textwrap.dedent(CONFIG))
+    cfg.write_text(textwrap.dedent(CONFIG.format(cores=args.cores)))
     rundir = work / "run"
     env = dict(os.environ, PILOT_HOME=str(work / "home"))
     up = ["up", "--config", str(cfg)]
@@ -71,7 +73,7 @@ def main() -> int:
     ex = psij.JobExecutor.get_instance("pilot", url=str(rundir))
     ids: dict[str, str] = {}
     for i in range(args.jobs):
-        sleep = rng.choice(["0", "0", "0", "0.05", "0.2", "1", "3"])
+        sleep = rng.choice(["0", "0", "0", "0", "0", "0.05", "0.3", "1", "2"])
         spec = psij.JobSpec(
             executable="/bin/sh", arguments=["-c", f"echo run >> {marks}/{i}; sleep {sleep}"], name=f"j{i}"
         )
@@ -81,13 +83,13 @@ def main() -> int:
         ids[str(i)] = job.native_id
     ex.close()
     for cycle in range(args.cycles):
-        time.sleep(rng.uniform(0.2, 2.0))
+        time.sleep(rng.uniform(0.1, args.interval))
         info = RunDir(rundir).read_info()
         assert info is not None
         daemon = psutil.Process(int(info["pid"]))  # type: ignore[call-overload]
         daemon.kill()
         daemon.wait(timeout=30)
-        time.sleep(rng.uniform(0.0, 1.5))  # the agents run on, starting what waits behind cores
+        time.sleep(rng.uniform(0.0, 1.0))  # the agents run on, starting what waits behind cores
         proc = _pilot(*up, rundir=rundir, env=env)
         if proc.returncode:
             print(f"cycle {cycle}: pilot up failed: {proc.stdout} {proc.stderr}")
