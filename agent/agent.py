@@ -97,7 +97,9 @@ class Agent:
         self._waiter.add(self._sock)
         self._engine: ProcessEngine | NullEngine
         if launch == "spawn":
-            self._engine = ProcessEngine(node=node, workdir=workdir, notify=self._engine_event, cpu_map=cpu_map)
+            self._engine = ProcessEngine(
+                node=node, workdir=workdir, notify=self._engine_event, cpu_map=cpu_map, kill_grace=kill_grace
+            )
         elif launch == "null":
             self._engine = NullEngine(duration=null_duration)
         else:
@@ -396,6 +398,7 @@ class Agent:
         self._stop_deadline = time.monotonic() + self._kill_grace
         for ref in self._engine.running():
             self._engine.kill(ref, reason=reason)
+        self._engine.kill_rest()
 
     def _advance_stop(self, now: float) -> None:
         if not self._engine.busy():

@@ -1,15 +1,17 @@
 """The process engine: the table every thread of it shares, and the hand-off of its events to the loop.
 
-Three kinds of thread touch a task: the agent's loop (orders in, kills, events out), the spawner threads
-that start processes (:mod:`agent.spawning`) and the reaper that waits for them (:mod:`agent.reaping`;
-with pidfds, a pinned spawner also waits for its own task). What they share lives here, under one lock
-that every step takes once: the running processes by pid and by ref (job id, slot), the orders being
-started and those waiting for their cores, the cores' users, and the events not drained yet with the
-state of their hold. One lock, not one per part, because each step changes several parts together (an
-exit frees its cores, hands the orders that waited on them to their spawners and queues its event), and
-:meth:`snapshot` must see them all at one instant. The spawner and reaper call this class's underscored
-methods and read its table under its lock directly: they are parts of the engine split out by thread,
-not clients of it (an accessor per read would cost on every task).
+Four kinds of thread touch a task: the agent's loop (orders in, kills, events out), the spawner threads
+that start processes (:mod:`agent.spawning`), the reaper that waits for them (:mod:`agent.reaping`;
+with pidfds, a pinned spawner also waits for its own task) and the tree thread that kills what a killed
+task's process group does not hold and reaps what the agent adopted (:mod:`agent.trees`, which only reads
+the table). What they share lives here, under one lock that every step takes once: the running processes
+by pid and by ref (job id, slot), the orders being started and those waiting for their cores, the cores'
+users, and the events not drained yet with the state of their hold. One lock, not one per part, because
+each step changes several parts together (an exit frees its cores, hands the orders that waited on them
+to their spawners and queues its event), and :meth:`snapshot` must see them all at one instant. The
+spawner, reaper and tree threads call this class's underscored methods and read its table under its lock
+directly: they are parts of the engine split out by thread, not clients of it (an accessor per read
+would cost on every task).
 
 Events go to the loop through a list and one ``notify`` (a self-pipe): a burst of exits costs one
 wake-up, and most starts none (see :meth:`ProcessEngine.drain` and ``_report``).
@@ -33,6 +35,7 @@ from agent import environment
 from agent.reaping import Reaper
 from agent.spawning import Spawners
 from agent.table import Running, take_waiting
+from agent.trees import Trees
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
 from pilot.wire.messages import ProcessRef, TaskEvent
@@ -48,7 +51,10 @@ class ProcessEngine:
         workdir: Path,
         notify: Callable[[], None],
         cpu_map: dict[int, int] | None = None,
+        kill_grace: float = 2.0,
     ) -> None:
+        """``kill_grace``: seconds between the SIGTERM and the SIGKILL to a killed task's descendants
+        outside its process group (agent.trees; the agent's loop escalates for the group)."""
         self._notify = notify
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -76,13 +82,20 @@ class ProcessEngine:
         self._pending_refs: dict[ProcessRef, int] = {}
         self._reaper = Reaper(engine=self)
         self._pidfds = self._reaper.pidfds
+        self._trees = Trees(engine=self, grace=kill_grace, reaps=self._pidfds)
         self._spawners = Spawners(
-            engine=self, node=node, workdir=workdir, cpu_map=cpu_map or {}, own_reaping=self._pidfds
+            engine=self,
+            node=node,
+            workdir=workdir,
+            cpu_map=cpu_map or {},
+            own_reaping=self._pidfds,
+            mark=self._trees.prefix,
         )
 
     # -- called from the event loop ------------------------------------------------------------
 
     def start(self) -> None:
+        self._trees.start()  # the child subreaper first: no task's descendant may go to init
         self._reaper.start(devnull=self._spawners.devnull)
         self._spawners.thread.start()
 
@@ -197,7 +210,9 @@ class ProcessEngine:
         return out
 
     def kill(self, ref: ProcessRef, *, reason: str, sig: int = signal.SIGTERM) -> bool:
-        """Signal the process group of ``ref``; an order not started yet is dropped. False if unknown."""
+        """Signal the process group of ``ref`` here, and have the tree thread signal what of it left that
+        group (SIGTERM there escalates by itself, agent.trees); an order not started yet is dropped.
+        False if unknown."""
         with self._lock:
             run = self._by_ref.get(ref)
             if run is None:
@@ -222,7 +237,13 @@ class ProcessEngine:
             os.killpg(pid, sig)
         except ProcessLookupError:
             pass
+        self._trees.kill(run.tag, run.order.job_id, pid, sig)
         return True
+
+    def kill_rest(self) -> None:
+        """The agent is stopping: what ended tasks left running gets SIGTERM too, SIGKILL after the kill
+        grace (agent.trees); the caller kills the running tasks."""
+        self._trees.kill_all()
 
     def withdraw(self, ref: ProcessRef) -> bool:
         """Drop an order still waiting here for its cores (the daemon places it elsewhere) and report
@@ -298,6 +319,7 @@ class ProcessEngine:
         threads = [self._spawners.thread, self._reaper.thread, *(thread for _, thread in pinned)]
         for t in threads:
             t.join(timeout=10)
+        self._trees.stop()  # what the tasks left running: nothing of theirs outlives the agent
         if not any(t.is_alive() for t in threads):
             self._spawners.close()
 
@@ -365,7 +387,10 @@ class ProcessEngine:
         with self._lock:
             run = self._by_pid.pop(pid, None)
             if run is None:
-                self._early[pid] = (status, rusage, mono)
+                if self._pending_orders > self._handoffs:  # a spawner may not have put it in the table yet
+                    self._keep_early(pid, status, rusage, mono)
+                # else it is no task: a descendant of one, adopted by the agent (agent.trees), reaped
+                # by wait4(-1) (without pidfds)
                 return
             # The process is gone: its cores first, so that the order waiting on them reaches its
             # spawner before anything else (the task's exit event, the loop's wake-up) takes the GIL.
@@ -401,6 +426,16 @@ class ProcessEngine:
             wake = self._report(event)
         if wake:
             self._notify()
+
+    def _keep_early(self, pid: int, status: int, rusage: Any, mono: float) -> None:
+        """An exit reaped before its spawner put the process in the table (the lock held), kept for
+        ``_started``; or an adopted process's, reaped while a spawner was starting one: kept, and
+        dropped ``_EARLY_KEPT`` seconds later (its pid could come back as a new task's)."""
+        early = self._early
+        if early:
+            for old in [p for p, (_, _, when) in early.items() if mono - when > _EARLY_KEPT]:
+                del early[old]
+        early[pid] = (status, rusage, mono)
 
     def _emit(self, event: TaskEvent) -> None:
         with self._lock:
@@ -454,3 +489,4 @@ _START_HOLD: Final = 0.005  # seconds a running task's ``started`` event may wai
 _EXIT_HOLD: Final = 0.02
 _EXIT_HOLD_LONG: Final = 0.002  # the same for exits of tasks that ran _HOLD_UNDER or longer (few per second)
 _HOLD_UNDER: Final = 0.02
+_EARLY_KEPT: Final = 5.0  # seconds an exit no spawner claimed is kept (_keep_early)

@@ -5,7 +5,9 @@
   ever calls ``wait4(-1)``, which would take a pinned spawner's child. A pinned spawner reaps its own
   child through :meth:`Reaper.reap` on its own thread.
 - Without, the reaper thread blocks in ``wait4(-1)``; a sentinel child that lives as long as the engine
-  keeps it there while no task runs (see _start_sentinel).
+  keeps it there while no task runs (see _start_sentinel). It also takes the exits of the processes the
+  agent adopted as child subreaper (a task's descendants whose parent died), which ``_finish`` drops; with
+  pidfds, the tree thread reaps those (:mod:`agent.trees`).
 
 The reaper thread alone owns the epoll, the read end of its wake pipe and the sentinel's pid. Which
 children it waits for (``_reaped_by_fd``, ``_polled``) is guarded by the engine's lock, not one of its

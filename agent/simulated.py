@@ -121,6 +121,9 @@ class NullEngine:
     def running(self) -> list[ProcessRef]:
         return [*self._running, *((w.job_id, w.slot) for w in self._waiting)]
 
+    def kill_rest(self) -> None:
+        """Nothing outlives a simulated process."""
+
     def busy(self) -> bool:
         return bool(self._running or self._waiting)
 

@@ -1,6 +1,7 @@
 """Spawner threads: orders become processes off the event loop.
 
-``posix_spawn`` without a shell, new session so the whole tree can be signalled, pinned by the spawning
+``posix_spawn`` without a shell, new session so the whole tree can be signalled (and marked, so that what
+leaves that session is found too: :mod:`agent.trees`), pinned by the spawning
 thread's own affinity, which the child inherits: one spawner per real cpu that one-cpu orders use,
 pinned to it once and for all, and one general spawner that sets its affinity around each order that
 spans several cpus. With pidfds, a pinned spawner whose cpu is one declared core waits for its task
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import os
 import resource
 import signal
@@ -39,6 +41,7 @@ import structlog
 
 from agent import environment
 from agent.table import Running
+from agent.trees import MARK
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
 from pilot.wire.messages import TaskEvent
@@ -92,7 +95,9 @@ class Spawners:
         workdir: Path,
         cpu_map: dict[int, int],
         own_reaping: bool,
+        mark: str,
     ) -> None:
+        """``mark``: how the value of every task's ``MARK`` starts (the agent's, agent.trees)."""
         self._engine = engine
         self._node = node
         self._cpu_map = cpu_map
@@ -115,6 +120,8 @@ class Spawners:
         self._fds_sealed = 0.0  # monotonic time of the last _seal_fds
         _seal_fds()
         self._base_env = environment.inherited()
+        self._tags = itertools.count(1)  # (next() is atomic: the spawners share it)
+        self._mark = mark
         self.thread = threading.Thread(target=self._loop, name="pilot-spawner", daemon=True)
 
     def hand(self, order: ProcessOrder, *, stopping: bool) -> None:
@@ -202,6 +209,8 @@ class Spawners:
             if len(spawner.dirs) < _DIRS_KEPT:
                 spawner.dirs[directory] = cwd
         env = self._environment(order)
+        tag = next(self._tags)
+        env[MARK] = f"{self._mark}{tag}:{order.job_id}"
         env_file = None
         if order.role == "rank":
             argv = [environment.substitute(order.executable, env)]
@@ -262,7 +271,9 @@ class Spawners:
             for fd in set(files):
                 os.close(fd)
         started = TaskEvent(order.job_id, order.slot, "started", t0, {"pid": pid})
-        run = Running(order, pid, popen, t0, m0, env_file, env if env_file is not None else None, start_event=started)
+        run = Running(
+            order, pid, popen, t0, m0, env_file, env if env_file is not None else None, start_event=started, tag=tag
+        )
         if self._engine._started(ref, run, started, reaps=spawner.reaps and popen is None):
             spawner.child = pid
         return True

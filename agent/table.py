@@ -37,3 +37,4 @@ class Running:
     reason: str | None = None  # why the agent signalled it (walltime, canceled, ...)
     peak_tree_rss: int = 0
     start_event: TaskEvent | None = None  # its ``started`` event, which its exit makes redundant (_finish)
+    tag: int = 0  # numbers the agent's starts: the mark its descendants inherit (agent.trees)

@@ -413,7 +413,8 @@ def test_inherit_environment_false(start_pilot, tmp_path: Path, monkeypatch) -> 
     assert env["ONLY"] == "this" and env["N"] == "1"
     assert env["PILOT_RANK"] == "0" and env["PILOT_SIZE"] == "1"
     assert env["PILOT_JOB_ID"]
-    pilot_vars = {"PILOT_JOB_ID", "PILOT_RANK", "PILOT_SIZE", "PILOT_NODE", "PSIJ_NODEFILE"}
+    # (PILOT_PROCESS_MARK: how the agent finds what a task started outside its session, agent/trees.py)
+    pilot_vars = {"PILOT_JOB_ID", "PILOT_RANK", "PILOT_SIZE", "PILOT_NODE", "PSIJ_NODEFILE", "PILOT_PROCESS_MARK"}
     assert set(env) <= {"ONLY", "N", *pilot_vars}, sorted(env)
     assert st.state is JobState.COMPLETED
 
