@@ -1496,6 +1496,10 @@ def test_agent_socket_barrage(start_pilot: Any, tmp_path: Path) -> None:
             msg = _decode_request(frames, wire.AGENT_KINDS)
             if msg is not None and msg.kind == Kind.BYE:  # damage can make one: it would really unregister
                 frames, msg = [b"\xc1"], None
+            if msg is not None and msg.kind == Kind.TASK_EVENTS and isinstance(msg.body, dict):
+                # Unnumbered: a batch numbered past the next is a gap, which really asks for a REGISTER
+                # (tests/core/test_core_exactly_once.py checks that).
+                frames = [wire.encode(Kind.TASK_EVENTS, {**msg.body, "seq": 0})]
             beats += msg is not None and msg.kind == Kind.HEARTBEAT
             registers += msg is not None and msg.kind == Kind.REGISTER
             tally["registered " + (msg.kind if msg is not None else "dropped")] += 1

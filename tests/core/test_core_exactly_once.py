@@ -419,3 +419,28 @@ def test_a_resumed_job_that_started_behind_a_core_is_not_asked_back(tmp_path: Pa
     step = again.step()
     assert again.job(behind).phase is Phase.RANKS, again.job(behind).phase
     assert not step.out.withdraws
+
+
+def test_a_batch_is_taken_once_and_only_as_the_next() -> None:
+    """Batches of task events are numbered by the agent: a repeat (sent again after a REGISTER carried it)
+    is dropped; one that skips a number is not taken (acknowledging it would make the agent drop the
+    missing one) -- the agent is asked to register again, with every event it holds."""
+    env = CoreEnv(cores=2)
+    env.register("n0")
+    a, b = env.submit(true(), true())
+    env.step()
+    started = TaskEvents((TaskEvent(a, 0, "started", env.clock.wall, {}),), 1)
+    env.core.on_agent("n0", started)
+    env.core.on_agent("n0", started)  # the repeat changes nothing
+    assert env.core.nodes.agents["n0"].acked == 1
+    exited = TaskEvent(a, 0, "exited", env.clock.wall, {"exit_code": 0})
+    env.core.on_agent("n0", TaskEvents((exited,), 3))  # batch 2 was lost
+    step = env.step()
+    assert ("n0", HeartbeatReply(known=False)) in step.out.to_agents
+    assert env.job(a).phase is Phase.RANKS and not env.core.agents.registered("n0")
+    b_exited = TaskEvent(b, 0, "exited", env.clock.wall, {"exit_code": 0})
+    register = Register(_node("n0", 2), (), (exited, b_exited), 3)  # everything unacknowledged, batches 2 and 3
+    env.core.on_agent("n0", register)
+    env.step()
+    assert env.state(a) is JobState.COMPLETED and env.state(b) is JobState.COMPLETED
+    assert env.core.nodes.agents["n0"].acked == 3
