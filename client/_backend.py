@@ -1,9 +1,12 @@
 """The executor operations on the wire, shared by our JobExecutor and the psij-python plugin.
 
 Connecting is lazy: creating an executor costs nothing until its first request (psij-python builds
-one of every registered executor at test collection). Every request waits at most ``request_timeout``
+one of every registered executor at test collection). A request waits at most ``request_timeout``
 seconds for its answer; a daemon that is gone is reported sooner (see ``client/_reader.py``), and
-the connection follows a daemon restarted on the same run directory by itself.
+the connection follows a daemon restarted on the same run directory by itself. A submit is the
+exception: every job goes under a submit id, and waits for a live daemon however long it is stopped,
+is sent again to a daemon restarted on the run directory, and is withdrawn when given up, so that its
+answer is always definite (``client/_requests.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from client._connection import Connection
 from client._delivery import StatusSink
 from client._pipeline import Pipeline
 from client._reader import report
-from client._requests import DEFAULT_REQUEST_TIMEOUT, Ticket
+from client._requests import DEFAULT_REQUEST_TIMEOUT, SubmitIds, Ticket
 from client.exceptions import InvalidJobException, SubmitException
 from pilot import wire
 from pilot.rundir import RunDir
@@ -89,8 +92,13 @@ class Backend:
         self._conn: Connection | None = None
         self._embedded = False
         self._closed = False
+        self.submit_ids = SubmitIds()  # every job's submit id
         #: Pipelined submits (see ``client/_pipeline.py``), or None: each submit waits for its answer.
-        self.pipeline = Pipeline(lambda: self.connection, request_timeout=self.request_timeout) if pipelined else None
+        self.pipeline = (
+            Pipeline(lambda: self.connection, request_timeout=self.request_timeout, submit_ids=self.submit_ids)
+            if pipelined
+            else None
+        )
 
     @property
     def connection(self) -> Connection:
@@ -120,11 +128,13 @@ class Backend:
     def submit(self, description: dict[str, Any], on_id: Callable[[str], StatusSink]) -> float | None:
         """Submit one job. ``on_id`` gets its native id on the connection's reader, before any status of
         the job can arrive, and returns the sink its statuses go to. Returns the time the pilot queued
-        it. A submit that got no answer raises a transient SubmitException and is never sent again.
-        Concurrent calls from several threads share frames (see ``Connection.submit``)."""
+        it. It waits for a live daemon; one given up raises a transient SubmitException that says whether
+        it was sent, and if so that it was withdrawn (the pilot does not run it). Concurrent calls from
+        several threads share frames (see ``Connection.submit``)."""
         conn = self.connection  # a lone job: submit_many's batching, without its machinery
         hook = functools.partial(_subscribe, conn, lambda _, native_id: on_id(native_id), 0)
-        body = conn.wait(conn.submit([description], on_reply=hook), timeout=self.request_timeout)
+        ticket = conn.submit([description], on_reply=hook, submit_ids=self.submit_ids.take(1))
+        body = conn.wait(ticket, timeout=self.request_timeout)
         (outcome,) = _outcomes(body, 1)
         if isinstance(outcome, Exception):
             raise outcome
@@ -141,9 +151,9 @@ class Backend:
         next is built). For the k-th description,
         ``on_id(k, native_id)`` is called as for :meth:`submit`, then ``on_outcome(k, outcome)`` on this
         thread with the time the pilot queued it or the exception ``submit`` would have raised for it
-        alone. A request waits ``request_timeout`` from the later of its queuing and the previous
-        answer: a live pilot working through a large batch is not cut off, a silent one is reported
-        within the timeout."""
+        alone. A request waits for a live daemon, and ``request_timeout`` from the later of its queuing,
+        the previous answer and the last sight of the daemon: a live pilot working through a large
+        batch, or stopped, is not cut off, and a gone one is reported within the timeout."""
         conn = self.connection
         queued: deque[tuple[int, int, Ticket | SubmitException, float]] = deque()  # start, count, request, when
         last_answer = 0.0
@@ -166,7 +176,9 @@ class Backend:
         def send(start: int, chunk: builtins.list[dict[str, Any]]) -> None:
             hook = functools.partial(_subscribe, conn, on_id, start)
             try:
-                request: Ticket | SubmitException = conn.submit(chunk, on_reply=hook)
+                request: Ticket | SubmitException = conn.submit(
+                    chunk, on_reply=hook, submit_ids=self.submit_ids.take(len(chunk))
+                )
             except SubmitException as exc:
                 request = exc
             queued.append((start, len(chunk), request, time.monotonic()))
@@ -231,6 +243,7 @@ class Backend:
         Pipelined submits still unanswered get their answers first (at most ``request_timeout``)."""
         if self.pipeline is not None and not self._closed and not self.pipeline.flush(self.request_timeout):
             log.warning("closing with submitted jobs unanswered", jobs=self.pipeline.in_flight)
+            self.pipeline.close()
         with self._lock:
             if self._closed:
                 return
@@ -244,14 +257,21 @@ class Backend:
 
 def _subscribe(conn: Connection, on_id: Callable[[int, str], StatusSink], start: int, body: dict[str, Any]) -> None:
     """A submit's reply hook (the connection's reader): follow each accepted job before any of its
-    statuses is read."""
+    statuses is read. A job its submit id had made before (the submit sent again to a restarted daemon) comes
+    with its status, delivered as an event (and not followed if final: no event would end it)."""
     results = body.get("results")
     if not isinstance(results, list):
         return
     for i, result in enumerate(results):
         if isinstance(result, dict) and "id" in result:
             native_id = str(result["id"])
-            conn.subscribe(native_id, on_id(start + i, native_id))
+            sink = on_id(start + i, native_id)
+            raw = result.get("status")
+            status = report(raw) if raw is not None else None
+            if status is None or status.state not in _FINAL:
+                conn.subscribe(native_id, sink)
+            if status is not None:
+                conn.emit(status, [sink])
 
 
 def _outcomes(body: dict[str, Any], count: int) -> builtins.list[Outcome]:

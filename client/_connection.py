@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import zmq
 
 from client._link import POLLIN, socket_events
-from client._reader import Reader
+from client._reader import LIVENESS_INTERVAL, Reader
 from client._requests import DEFAULT_REQUEST_TIMEOUT, OnLost, OnReply, Pending, RequestTimeout, Ticket
 from client.exceptions import SubmitException
 from pilot import wire
@@ -198,23 +198,30 @@ class Connection(Reader):
 
     def wait(self, ticket: Ticket, *, timeout: float, since: float | None = None) -> dict[str, Any]:
         """The reply to a queued request, waiting until ``timeout`` seconds after ``since`` (a monotonic
-        time, default now) at most. Raises a transient SubmitException (:class:`RequestTimeout` at the
-        timeout)."""
+        time, default now) at most -- a submit, as long as its daemon is seen alive and then ``timeout``
+        more (:meth:`give_up_at`). Raises a transient SubmitException (:class:`RequestTimeout` at the
+        timeout; a submit with submit ids is withdrawn first, so that its message is a definite answer)."""
         rid, pending = ticket
-        kind = pending.kind
-        left = timeout if since is None else max(0.0, since + timeout - time.monotonic())
-        if not pending.done.wait(left):
+        base = time.monotonic() if since is None else since
+        while not pending.done.wait(max(0.0, self.give_up_at(pending, timeout, base) - time.monotonic())):
+            if time.monotonic() < self.give_up_at(pending, timeout, base):
+                continue  # the daemon was seen alive meanwhile: wait on
+            # Withdrawn before it is taken out: whether it reaches the pilot after this or never, the pilot
+            # does not run it (a submit id never sent costs one line in the run directory).
+            if pending.submit_ids is not None and self._abandon(list(pending.submit_ids)) is not None:
+                pending.done.wait(LIVENESS_INTERVAL)  # cannot be recorded now: it waits on, tried again
+                continue
             with self._lock:
                 mine = self._pending.pop(rid, None) is not None
-                sent = pending.sent
-                if mine and not sent:
+                if mine and not pending.sent:
                     try:
                         self._outbox.remove(rid)
                     except ValueError:
                         pass
             if mine:
-                raise RequestTimeout(self._timeout_message(kind, timeout, sent=sent), transient=True)
+                raise RequestTimeout(self.timeout_message(pending, timeout), transient=True)
             pending.done.wait()  # the I/O thread took it meanwhile: its reply (or loss) is being delivered
+            break
         if pending.lost is not None:
             raise SubmitException(pending.lost, transient=True)
         assert pending.body is not None

@@ -13,9 +13,10 @@ it (this executor's random prefix and a count: unique without a uuid, and its sy
 connection lost before the answer -- the daemon killed and restarted on the same run directory, say
 -- makes the connection send the job again on the next one, and the pilot answers for a submit id it
 knows with the job that submit id made, which the client then follows. A job the pilot refuses only for
-want of room (``pilot.max_queued``) is sent again shortly after. A job is given up, FAILED with the
-reason, only when no answer comes within ``request_timeout`` of its sending (or of the pilot's last
-answer, while the pilot works through a backlog), or when no pilot comes back within it.
+want of room (``pilot.max_queued``) is sent again shortly after. A live daemon is waited for, however
+long it is stopped. A job is given up, FAILED with the reason, only when no pilot is seen alive for
+``request_timeout`` (or the executor closes first); one that may have reached a pilot is withdrawn
+first, so FAILED is definite: no pilot of the run directory runs it (``client/_requests.py``).
 
 At most ``WINDOW`` jobs wait for their answer; ``submit()`` waits for room beyond that (the pilot's
 pace is the caller's pace), up to ``request_timeout``, then raises a transient SubmitException: that
@@ -25,10 +26,8 @@ job was not sent.
 from __future__ import annotations
 
 import functools
-import itertools
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -36,7 +35,7 @@ from typing import Any, Final
 from client._connection import Connection
 from client._delivery import StatusSink
 from client._reader import report
-from client._requests import GROUP_JOBS, Ticket
+from client._requests import GROUP_JOBS, SubmitIds, Ticket
 from client.exceptions import SubmitException
 from pilot.wire.messages import StatusReport
 
@@ -75,7 +74,14 @@ class _Request:
 class Pipeline:
     """The pipelined submits of one executor: their window, their answers and their failures."""
 
-    def __init__(self, connection: Callable[[], Connection], *, request_timeout: float, window: int = WINDOW) -> None:
+    def __init__(
+        self,
+        connection: Callable[[], Connection],
+        *,
+        request_timeout: float,
+        submit_ids: SubmitIds | None = None,
+        window: int = WINDOW,
+    ) -> None:
         self._connection = connection
         self._timeout = request_timeout
         self._window = window
@@ -85,8 +91,7 @@ class Pipeline:
         self._open: _Request | None = None  # the request new jobs join while it waits to be sent
         self._held: deque[_Request] = deque()  # requests not handed over yet, in order (the last is _open)
         self._outstanding = 0  # counted requests handed over and not answered
-        self._prefix = uuid.uuid4().hex[:20] + "-"
-        self._serial = itertools.count(1)
+        self._submit_ids = submit_ids if submit_ids is not None else SubmitIds()
 
     @property
     def in_flight(self) -> int:
@@ -105,7 +110,7 @@ class Pipeline:
         or the job's current status when the pilot had it already); ``on_failed`` gets a FAILED status
         when the pilot refuses the job or it is given up. Raises SubmitException when the job was not
         sent (no room in the window within the timeout, or no pilot to send it to)."""
-        submit_id = self._prefix + str(next(self._serial))
+        (submit_id,) = self._submit_ids.take(1)
         job = (on_id, on_failed)
         with self._cond:
             if self._count >= self._window:
@@ -145,6 +150,21 @@ class Pipeline:
             finally:
                 self._waiters -= 1
         return True
+
+    def close(self) -> None:
+        """The executor closes: jobs still held here (behind ``OUTSTANDING`` unanswered requests) were
+        never sent, and end FAILED saying so. Those handed to the connection are its to settle."""
+        with self._cond:
+            held, self._held = list(self._held), deque()
+            self._open = None
+            self._count -= sum(len(r.jobs) for r in held)
+            if self._waiters:
+                self._cond.notify_all()
+        now = time.time()
+        message = "the executor was closed before the job could be sent; it was not sent"
+        for request in held:
+            for _, on_failed in request.jobs:
+                on_failed(StatusReport(None, "FAILED", now, None, message, None))
 
     def _wait_room(self) -> None:
         """Under ``_cond``: wait for the window to have room, at most the request timeout."""

@@ -19,8 +19,13 @@ Losing the daemon, and getting it back (a new daemon on the same run directory):
   daemon, waiting requests fail at once (transient, "not sent") and so do new ones, instead of waiting
   out their timeout. When a live daemon is there again (``pilot up`` on the same run directory), a new
   socket connects to it. Without a known run directory (an explicit address), it retries with backoff.
-- Once a connection is up, before anything else, the I/O thread sends ATTACH again for every job it
-  still follows (those not final). The daemon subscribes the new connection, so status callbacks and
+- While a submit waits, the I/O thread looks every ``LIVENESS_INTERVAL`` whether its daemon lives (the
+  run directory's pid; without a run directory, whether the connection is up) and notes when it last
+  did (``_alive_at``): a submit waits for a live daemon, however long it is stopped (see
+  ``client/_requests.py``).
+- Once a connection is up, before anything else, the I/O thread tells a remote pilot the submit ids
+  of the submits it gave up on (ABANDON), then sends ATTACH again for every job it still follows (those not
+  final). The daemon subscribes the new connection, so status callbacks and
   ``Job.wait()`` resume; the status in the reply is delivered like an event. A job that the daemon says
   it does not know (restarted without it) ends FAILED, with a message saying so, instead of waiting
   forever.
@@ -75,6 +80,7 @@ class Reader(Delivery):
         self._retry_at = 0.0
         self._backoff = _RETRY_MIN
         self._check_at = 0.0
+        self._look_at = 0.0  # when the reader next looks whether the daemon lives, while submits wait
         self._expire_at = 0.0  # when the reader next looks for requests nobody waits on past their deadline
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._wfd, False)
@@ -106,7 +112,11 @@ class Reader(Delivery):
             with self._sock_lock:
                 self._live = None
                 link.close()
-        self._fail(lambda p: "the connection to the pilot is closed", sent_only=False, keep_with_submit_ids=False)
+        self._fail(
+            lambda p: "the connection to the pilot is closed" + ("" if p.sent or p.uncertain else "; it was not sent"),
+            sent_only=False,
+            keep_with_submit_ids=False,
+        )
         self._publish()
         self._stopped = True
 
@@ -129,6 +139,11 @@ class Reader(Delivery):
                 else:
                     poller.register(link.fd, zmq.POLLIN)
                     poller.register(link.mon, zmq.POLLIN)
+        if self._pending and now >= self._look_at:
+            self._look_at = now + LIVENESS_INTERVAL
+            alive = (link is not None and link.up) if self.rundir is None else not self._daemon_gone()
+            if alive:
+                self._alive_at = now
         if self._unwaited and now >= self._expire_at:
             self._expire_at = now + LIVENESS_INTERVAL
             self._expire(now)
@@ -180,6 +195,8 @@ class Reader(Delivery):
             if self.connects > 1:
                 log.info("reconnected to the pilot", url=self.url)
             self._queue_reattach()
+        if self._abandoned and link.up:
+            self._tell_abandoned()
         if link.up and (self._outbox or self._live is not link):  # else nothing to send, nor to set
             self._blocked = not self._send(link)
 
@@ -244,6 +261,19 @@ class Reader(Delivery):
         if answered:
             self._last_answer = time.monotonic()
 
+    def _tell_abandoned(self) -> None:
+        """Tell a remote pilot the submit ids of the submits given up, ahead of anything else this connection
+        sends (unless that is under way)."""
+        with self._lock:
+            if not self._abandoned or any(p.kind == wire.Kind.ABANDON for p in self._pending.values()):
+                return
+            submit_ids = list(self._abandoned)
+            rid = next(self._rids)
+            frame = wire.encode(wire.Kind.ABANDON, {"submit_ids": submit_ids, "rid": rid})
+            told = functools.partial(self._told_abandoned, submit_ids)
+            self._pending[rid] = Pending(wire.Kind.ABANDON, frame, told, internal=True)
+            self._outbox.appendleft(rid)
+
     def _queue_reattach(self) -> None:
         """ATTACH every followed job again, ahead of anything else this connection sends."""
         with self._lock:
@@ -260,6 +290,15 @@ class Reader(Delivery):
             self._outbox.extendleft(reversed(rids))
         if ids:
             log.info("following jobs again after reconnecting", url=self.url, jobs=len(ids))
+
+    def _told_abandoned(self, submit_ids: list[str], body: dict[str, Any]) -> None:
+        """The pilot has the submit ids given up (on the I/O thread): they need not be told again."""
+        if "results" not in body:
+            log.warning("unexpected answer to an abandon; told again next time", reply=str(body)[:200])
+            return
+        told = set(submit_ids)
+        with self._lock:
+            self._abandoned = [k for k in self._abandoned if k not in told]
 
     def _reattached(self, ids: list[str], body: dict[str, Any]) -> None:
         """The daemon's answer to a re-attach (on the I/O thread): each job's current status goes to its

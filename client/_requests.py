@@ -1,12 +1,23 @@
 """Requests to the daemon and the table of those not answered yet.
 
 Shared state, all under ``_lock`` (the table's lock): ``_pending`` (every request not answered nor
-given up, by rid), ``_outbox`` (rids not handed to a socket yet, in order), ``_deferred`` and
-``_unwaited``. Callers on any thread add to it and take back what they stop waiting for; the I/O thread
-hands the outbox to the socket, matches replies and gives requests up. ``_groups`` (the members of each
-group frame sent) and ``_last_answer`` are the I/O thread's only. A request's ``Done`` is set once,
-by whichever thread takes it out of ``_pending``: its one waiter then reads ``body`` or ``lost``.
-SUBMITs that wait in the outbox together are framed as one (group submit, ``client/_connection.py``).
+given up, by rid), ``_outbox`` (rids not handed to a socket yet, in order), ``_deferred``,
+``_unwaited`` and ``_abandoned``. Callers on any thread add to it and take back what they stop waiting
+for; the I/O thread hands the outbox to the socket, matches replies and gives requests up. ``_groups``
+(the members of each group frame sent), ``_last_answer`` and ``_alive_at`` are the I/O thread's to
+write (callers read ``_alive_at``, a float). A request's ``Done`` is set once, by whichever thread takes
+it out of ``_pending``: its one waiter then reads ``body`` or ``lost``. SUBMITs that wait in the outbox
+together are framed as one (group submit, ``client/_connection.py``).
+
+A submit gets a definite answer, never a guess. Every PSI/J job is submitted under a submit id
+(:class:`SubmitIds`). While the daemon lives -- stopped, swapped out or slow -- a submit waits for it,
+whatever ``request_timeout`` says: the I/O thread looks at the run directory's pid (a remote client: at
+its connection) and keeps ``_alive_at`` fresh. A submit is given up only ``request_timeout`` after the
+daemon was last seen alive, or when the executor closes; one that may have reached a pilot is first
+withdrawn (:meth:`RequestTable._abandon`): its submit ids go to the run directory's list of abandoned submits
+(``RunDir.abandon``), which every daemon of that run directory reads before it takes another request,
+refusing those submit ids and cancelling any job it made under one -- so the caller is told that the job will
+not run, and it does not. A remote client sends ABANDON on its next connection instead.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -23,6 +35,7 @@ import zmq
 
 from client.exceptions import SubmitException
 from pilot import wire
+from pilot.rundir import RunDir
 
 log = structlog.get_logger("client")
 
@@ -33,10 +46,13 @@ Ticket = tuple[int, "Pending"]  # a queued request: its rid and its state, for C
 
 #: How long a request waits for its reply by default (the executors' ``request_timeout``). A daemon
 #: that is gone is noticed well before that (socket monitor, run directory); this bounds a live daemon
-#: that does not answer, and a request made while the connection is being re-established. Keep it above
-#: the few seconds a pilot at ``max_queued`` may hold a submit before refusing it (backpressure):
-#: a submit whose caller timed out first may still be accepted afterwards (its message says so).
+#: that does not answer a request other than a submit, and how long a submit waits for a daemon that
+#: is not seen alive to come back (a live one is waited for, however long it is stopped or slow).
 DEFAULT_REQUEST_TIMEOUT: Final = 10.0
+
+#: Seconds a sighting of the daemon stays good: the I/O thread looks at least this often while a
+#: submit waits (``LIVENESS_INTERVAL`` on a connection, a connection attempt's ``CONNECT_TIMEOUT``).
+ALIVE_SLACK: Final = 2.5
 
 #: Most jobs in one SUBMIT frame when queued submits are sent together: the daemon handles a frame in
 #: one step of its loop, so this bounds how long one frame holds up everything else there.
@@ -46,6 +62,19 @@ GROUP_JOBS: Final = 2000
 class RequestTimeout(SubmitException):
     """The pilot did not answer within the request timeout (transient); the message says whether the
     request was sent."""
+
+
+class SubmitIds:
+    """The submit ids of one executor: a random prefix and a count (unique without a uuid per job)."""
+
+    __slots__ = ("_prefix", "_serial")
+
+    def __init__(self) -> None:
+        self._prefix = uuid.uuid4().hex[:20] + "-"
+        self._serial = itertools.count(1)  # next() on it is atomic: callers on any thread
+
+    def take(self, n: int) -> list[str]:
+        return [self._prefix + str(next(self._serial)) for _ in range(n)]
 
 
 class Done:
@@ -139,6 +168,13 @@ class RequestTable:
         self._last_answer = 0.0  # when the reader last read a reply (monotonic)
         self.submit_frames = 0  # SUBMIT frames handed to a socket (several submits may share one)
         self._closed = False  # set once, by close() on any thread; new requests are refused under ``_lock``
+        #: Where the daemon's ``pilot.json`` (and the list of abandoned submits) is; None: a remote pilot.
+        self.rundir: RunDir | None = None
+        #: When the daemon was last seen alive (monotonic, written by the I/O thread): its pid running, or
+        #: for a remote pilot its connection up. A submit is not given up while this is recent.
+        self._alive_at = time.monotonic()
+        #: Keys given up that a remote pilot has not been told of yet (ABANDON on its next connection).
+        self._abandoned: list[str] = []
 
     def in_flight(self) -> int:
         """Requests handed to the daemon's socket and not answered yet."""
@@ -213,17 +249,19 @@ class RequestTable:
 
     def _fail(self, message: Callable[[Pending], str], *, sent_only: bool, keep_with_submit_ids: bool = True) -> None:
         """Fail waiting requests: those sent (the connection that carried them is gone), or all. An
-        unsent re-attach is dropped too: the next connection sends its own. Submits with submit ids are
-        kept unless ``keep_with_submit_ids`` is False (closing): those sent go back to the outbox, to be
-        sent again on the next connection (the pilot answers for the jobs it took with the jobs it made);
-        their own timeout, not this, gives them up."""
+        unsent re-attach is dropped too: the next connection sends its own. Submits with submit ids that
+        may have reached the pilot (and pipelined ones) are kept unless ``keep_with_submit_ids`` is False
+        (closing): those sent go back to the outbox, to be sent again on the next connection (the pilot
+        answers for the jobs it took with the jobs it made); their own timeout, not this, gives them up.
+        Closing, those are withdrawn first (:meth:`_abandon`), so that what their callers hear is true."""
         self._groups.clear()  # what was sent went with the connection (or the connection is closing)
         now = time.monotonic()
         victims: list[tuple[int, Pending]] = []
         again: list[int] = []
         with self._lock:
             for rid, p in self._pending.items():
-                if p.submit_ids is not None and keep_with_submit_ids:
+                resend = p.sent or p.uncertain or p.on_lost is not None  # else unsent: "not sent" is definite
+                if p.submit_ids is not None and keep_with_submit_ids and resend:
                     if p.sent:
                         p.sent = False
                         p.uncertain = True
@@ -237,8 +275,53 @@ class RequestTable:
                     self._unwaited -= 1
             if victims or again:
                 self._outbox = deque(sorted(again + [r for r in self._outbox if r in self._pending]))
+        withdrawn = [p for _, p in victims if p.submit_ids is not None and (p.sent or p.uncertain)]
+        submit_ids = [s for p in withdrawn for s in p.submit_ids or ()]
+        failure = self._abandon(submit_ids, closing=not keep_with_submit_ids) if withdrawn else None
         for _, p in victims:
-            self._lose(p, message(p))
+            if p.submit_ids is not None and (p.sent or p.uncertain):
+                self._lose(p, f"{message(p)}, and the pilot had not answered; {self._withdrawn(failure)}")
+            else:
+                self._lose(p, message(p))
+
+    def _abandon(self, submit_ids: list[str], *, closing: bool = False) -> str | None:
+        """Withdraw submits that may have reached a pilot: a local one finds their submit ids in the run
+        directory's list (read by every daemon of it before it takes another request), a remote one is
+        told on this client's next connection (none when ``closing``). Why they could not be, or None."""
+        if self.rundir is None:
+            if closing:
+                return "this client closed its connection to the remote pilot before it could tell it"
+            with self._lock:
+                self._abandoned.extend(submit_ids)
+            return None
+        try:
+            self.rundir.abandon(submit_ids)
+        except OSError as exc:
+            log.error("cannot withdraw submits", path=str(self.rundir.abandoned_file), error=str(exc))
+            return f"{self.rundir.abandoned_file}: {exc.strerror or exc}"
+        return None
+
+    def _withdrawn(self, failure: str | None) -> str:
+        """What a withdrawn submit comes to, for its message (``failure``: why it could not be withdrawn)."""
+        if failure is not None:
+            return f"its withdrawal could not be recorded ({failure}): check list() before submitting it again"
+        if self.rundir is None:
+            return (
+                "it was withdrawn: the pilot refuses it once this client reaches it again, and cancels the job "
+                "if it had accepted it"
+            )
+        return (
+            f"it was withdrawn: no pilot of {self.rundir.path} runs it (a daemon refuses the submit, or "
+            "cancels the job if it had accepted it)"
+        )
+
+    def give_up_at(self, p: Pending, timeout: float, base: float) -> float:
+        """When a request waiting since ``base`` (monotonic) is given up: ``timeout`` after it -- and a
+        submit, also not before ``timeout`` after the daemon was last seen alive, nor before the I/O
+        thread has had time to look (``ALIVE_SLACK``)."""
+        if p.kind != wire.Kind.SUBMIT:
+            return base + timeout
+        return max(base + max(timeout, ALIVE_SLACK), self._alive_at + ALIVE_SLACK + timeout)
 
     @staticmethod
     def _lose(p: Pending, message: str) -> None:
@@ -252,9 +335,11 @@ class RequestTable:
                 log.exception("lost-request hook failed")
 
     def _expire(self, now: float) -> None:
-        """Give up the requests nobody waits on whose time is up: not answered within their timeout of
-        being sent (or of the last answer read, while the pilot works through a backlog), or not sent
-        within it of being queued (no pilot to send them to)."""
+        """Give up the requests nobody waits on whose time is up (:meth:`give_up_at`): not answered
+        within their timeout of being sent (or of the last answer read, while the pilot works through a
+        backlog) nor of the daemon last seen alive, or not sent within it of being queued (no pilot to
+        send them to). One that may have reached a pilot is withdrawn first; if that cannot be recorded
+        now, it waits on (and is tried again at the next look)."""
         with self._lock:
             if self._deferred:
                 due = [rid for when, rid in self._deferred if when <= now and rid in self._pending]
@@ -263,8 +348,14 @@ class RequestTable:
             late = [
                 (rid, p)
                 for rid, p in self._pending.items()
-                if p.on_lost is not None and now >= (max(p.since, self._last_answer) if p.sent else p.since) + p.timeout
+                if p.on_lost is not None
+                and now >= self.give_up_at(p, p.timeout, max(p.since, self._last_answer) if p.sent else p.since)
             ]
+        # Only this thread sends the outbox or reads replies: nothing changes these requests meanwhile.
+        withdrawn = [p for _, p in late if p.submit_ids is not None and (p.sent or p.uncertain)]
+        if withdrawn and self._abandon([s for p in withdrawn for s in p.submit_ids or ()]) is not None:
+            late = [(rid, p) for rid, p in late if p not in withdrawn]
+        with self._lock:
             for rid, _ in late:
                 del self._pending[rid]
             self._unwaited -= len(late)
@@ -272,7 +363,22 @@ class RequestTable:
                 gone = {rid for rid, _ in late}
                 self._outbox = deque(r for r in self._outbox if r not in gone)
         for _, p in late:
-            self._lose(p, self._timeout_message(p.kind, p.timeout, sent=p.sent or p.uncertain))
+            self._lose(p, self.timeout_message(p, p.timeout))
+
+    def timeout_message(self, p: Pending, timeout: float) -> str:
+        """Why ``p`` was given up at its timeout (withdrawn first, if a submit with submit ids that may
+        have been received: see :meth:`_abandon`)."""
+        sent = p.sent or p.uncertain
+        if p.kind != wire.Kind.SUBMIT or not sent:
+            return self._timeout_message(p.kind, timeout, sent=sent)
+        where = "its daemon is not running" if self.rundir is not None else "no connection to it was up"
+        said = f"the pilot at {self.url} did not answer within {timeout:g} s (request_timeout), and {where}"
+        if p.submit_ids is None:
+            return (
+                f"{said}; a document carries no submit id, so whether its jobs were accepted is not known: "
+                "check list() before submitting it again"
+            )
+        return f"{said}; {self._withdrawn(None)}"
 
     def _timeout_message(self, kind: str, timeout: float, *, sent: bool) -> str:
         if not sent:
@@ -285,17 +391,14 @@ class RequestTable:
                     else "Is the pilot running? ('pilot status')"
                 )
             )
-        if kind == wire.Kind.SUBMIT:
-            outcome = "the job may still be accepted: check list() before submitting it again"
-        else:
-            outcome = f"the {kind} request may still be carried out"
+        outcome = f"the {kind} request may still be carried out"
         return f"the pilot at {self.url} did not answer within {timeout:g} s (request_timeout); {outcome}"
 
     def _lost_message(self, kind: str) -> str:
-        if kind == wire.Kind.SUBMIT:
+        if kind == wire.Kind.SUBMIT:  # a document's: a PSI/J job's has submit ids, and is sent again
             outcome = (
-                "the job may or may not have been accepted: check list() before submitting it again "
-                "(it is not resent, so that it cannot run twice)"
+                "a document carries no submit id, so whether its jobs were accepted is not known: check "
+                "list() before submitting it again (it is not resent, so that it cannot run twice)"
             )
         else:
             outcome = f"the {kind} request may or may not have been carried out"

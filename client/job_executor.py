@@ -4,9 +4,11 @@
 or a run directory), else to the running default pilot (``PILOT_HOME``, ``PILOT_NAME``), else starts
 an embedded local pilot (``PILOT_CONFIG`` picks its config) that stops when the executor closes.
 
-``request_timeout`` (keyword-only, seconds, default 10) bounds how long ``submit``, ``cancel``, ``list``,
-``attach`` and ``pilot_status`` wait for the pilot's answer; they then raise ``SubmitException`` with
-``transient=True``. A daemon that is gone is reported at once, not at the timeout. The executor follows
+``request_timeout`` (keyword-only, seconds, default 10) bounds how long ``cancel``, ``list``, ``attach``
+and ``pilot_status`` wait for the pilot's answer; they then raise ``SubmitException`` with
+``transient=True``. A daemon that is gone is reported at once, not at the timeout. A submit waits for a
+live daemon however long it is stopped, and ``request_timeout`` for a gone one to come back on the run
+directory; given up, it is withdrawn, so that its answer is definite (``client/_requests.py``). The executor follows
 a daemon restarted on the same run directory by itself: jobs it holds that are not final are attached
 again, so their callbacks and ``Job.wait()`` resume (or they end FAILED if the new daemon lost them).
 

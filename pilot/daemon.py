@@ -33,10 +33,12 @@ from pilot.journal_guard import RESERVE_MAX, JournalGuard
 from pilot.launchers import LAUNCHERS
 from pilot.launchers.mpirun import MpirunLauncher
 from pilot.parking import Parking, is_submit
-from pilot.rundir import RunDir
+from pilot.rundir import AbandonedSubmits, RunDir
+from pilot.stalls import BEAT, StallMeter
 from pilot.store import JournalError, Recovered, Store
 from pilot.wire.messages import (
     TO_DAEMON_FROM_AGENT,
+    Abandon,
     AgentMessage,
     Attach,
     Body,
@@ -113,6 +115,10 @@ class Daemon:
         self._journal_work = anyio.Lock()
         self._checkpoint_look: float = _CHECKPOINT_LOOK  # the commit count at which to look at the WAL next
         self._alloc_seen: dict[str, tuple[Any, ...]] = {}
+        #: The daemon's own stalls (see :mod:`pilot.stalls`): beaten by a watch task and by the monitor.
+        self._stalls = StallMeter(time.monotonic())
+        #: Submit ids local clients gave up on, read from the run directory before each look at clients.
+        self._abandoned = AbandonedSubmits(rundir.abandoned_file)
 
     @property
     def client_url(self) -> str:
@@ -168,8 +174,10 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self.endpoints.watch(tg)
+                self._stalls = StallMeter(time.monotonic())  # from now on the loop beats
                 tg.start_soon(self._io_loop)
                 tg.start_soon(self._monitor_loop)
+                tg.start_soon(self._watch_stalls)
                 if on_ready is not None:
                     on_ready()
                 await self._stop.wait()
@@ -190,6 +198,7 @@ class Daemon:
             if self._lock_fd is not None:
                 if clean:  # removed while still held: nothing of this pilot is left in the run directory
                     self.rundir.lock_file.unlink(missing_ok=True)
+                    self.rundir.abandoned_file.unlink(missing_ok=True)
                 os.close(self._lock_fd)
             log.info("pilot stopped")
 
@@ -328,12 +337,24 @@ class Daemon:
                 with anyio.move_on_after(0.1):
                     await self._checkpointing.wait()
                 continue
+            self._read_abandoned()  # before any client frame: a submit given up is never accepted after
             for frames in drain(clients, _DRAIN):
                 self._on_client(frames)
             for frames in drain(agents, _DRAIN):
                 self._on_agent(frames)
             self._flush()
             await self._waiter.wait()
+
+    def _read_abandoned(self) -> None:
+        """Submit ids a local client gave up on (appended to the run directory's list, which any daemon
+        of it reads, this one or the next): refused, and the jobs they made canceled."""
+        try:
+            submit_ids = self._abandoned.read()
+        except OSError as exc:
+            log.warning("cannot read the abandoned submits", path=str(self.rundir.abandoned_file), error=str(exc))
+            return
+        if submit_ids:
+            self.core.on_abandon(submit_ids)
 
     def _on_client(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
@@ -367,6 +388,8 @@ class Daemon:
         match msg:
             case Submit(jobs=jobs, submit_ids=submit_ids):
                 return {"results": core.on_submit(ident, jobs, submit_ids)}
+            case Abandon(submit_ids=submit_ids):
+                return {"results": core.on_abandon(list(submit_ids))}
             case Cancel(ids=ids):
                 return {"results": [core.on_cancel(i) for i in ids]}
             case Attach(ids=ids):
@@ -528,11 +551,22 @@ class Daemon:
         while not predicate():
             await self._progress.event().wait()
 
+    async def _watch_stalls(self) -> None:
+        while True:
+            await anyio.sleep(BEAT)
+            self._beat(time.monotonic())
+
+    def _beat(self, now: float) -> None:
+        pause = self._stalls.beat(now)
+        if pause is not None:
+            self.core.on_paused(since=pause[0], until=pause[1])
+
     async def _monitor_loop(self) -> None:
         core = self.core
         while True:
             await anyio.sleep(min(0.5, self.config.pilot.heartbeat_interval))
             self._clock()
+            self._beat(core.clock.mono)  # a pause that ends now is known before the core judges silence
             core.on_tick()
             guard = self.guard
             if guard is not None:

@@ -54,6 +54,26 @@ class RunDir:
     def keys_dir(self) -> Path:
         return self.path / "keys"
 
+    @property
+    def abandoned_file(self) -> Path:
+        """Submit ids local clients gave up waiting for (one a line): every daemon of this run directory
+        refuses them and cancels the jobs they made (:class:`AbandonedSubmits`)."""
+        return self.path / "abandoned"
+
+    def abandon(self, submit_ids: list[str]) -> None:
+        """Add ``submit_ids`` to :attr:`abandoned_file`, durably, before the client tells anyone the jobs
+        will not run. One ``O_APPEND`` write: lines of clients writing at once never interleave. Raises
+        OSError."""
+        data = "".join(s + "\n" for s in submit_ids).encode()
+        fd = os.open(self.abandoned_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def socket_dir(self) -> Path:
         """Where ipc sockets go: the run dir, or a private short path when the run dir's is too long."""
         if len(str(self.path / "client.sock")) < _SUN_PATH_MAX:
@@ -124,6 +144,35 @@ class RunDir:
                 sd.rmdir()
             except OSError:
                 pass
+
+
+class AbandonedSubmits:
+    """A daemon's reading of :attr:`RunDir.abandoned_file`: the whole file first (what clients gave up on
+    while no daemon, or an earlier one, ran), then the lines added since. A ``stat`` when nothing changed."""
+
+    __slots__ = ("_inode", "_offset", "path")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._inode = 0
+        self._offset = 0
+
+    def read(self) -> list[str]:
+        """The complete lines added since the last call (all of them, the first time). Raises OSError."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return []
+        if st.st_ino != self._inode:  # a new file (removed by a daemon that stopped cleanly, then made again)
+            self._inode, self._offset = st.st_ino, 0
+        if st.st_size <= self._offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read(st.st_size - self._offset)
+        end = data.rfind(b"\n") + 1  # a line being written is read whole next time
+        self._offset += end
+        return [line for line in data[:end].decode("utf-8", "replace").split("\n") if 0 < len(line) <= 128]
 
 
 def pid_alive(pid: int) -> bool:

@@ -21,7 +21,7 @@ import psij as psij_python
 import psutil
 import pytest
 from conftest import PYTHON, Pilot
-from pilot_waits import agents_active, callbacks_settled, gone, wait_for
+from pilot_waits import agents_active, callbacks_settled, gone, list_when_back, wait_for
 
 import client as psij
 from client._psij_plugin import PilotJobExecutor
@@ -224,44 +224,91 @@ def test_submit_to_a_killed_daemon_is_transient_and_the_same_executor_reconnects
 
 
 @pytest.mark.timeout(90)
-def test_submit_in_flight_when_the_daemon_dies_is_transient_and_never_resent(restartable: Restartable) -> None:
+def test_submit_in_flight_when_the_daemon_dies_is_answered_by_the_next_daemon_and_runs_once(
+    restartable: Restartable, tmp_path: Path
+) -> None:
+    """Issue 19 changed this promise: a submit in flight when its daemon dies is no longer failed with
+    "may or may not have been accepted". It carries a submit id, waits (within request_timeout) for
+    the next daemon on the run directory, is sent to it again, and its job runs once."""
     r = restartable
-    ex = r.executor(request_timeout=60)  # the loss, not the timeout, must end the wait
+    ex = r.executor(request_timeout=60)
+    agents_active(ex, 1)
+    out = tmp_path / "out"
+    daemon = psutil.Process(r.pilot.pid)
+    daemon.suspend()  # reads nothing: the submit is in flight, unanswered, when the daemon dies
+    job = psij.Job(sh(f"echo once >> {out}"))
+    errors: list[BaseException] = []
+
+    def submit() -> None:
+        try:
+            ex.submit(job)
+        except BaseException as exc:  # recorded for the asserts
+            errors.append(exc)
+
+    t = threading.Thread(target=submit)
+    t.start()
+    try:
+        conn = ex._backend.connection
+        wait_for(lambda: conn.in_flight() == 1, what="the submit to be sent")
+        r.kill_daemon()
+    finally:
+        try:
+            daemon.resume()
+        except psutil.NoSuchProcess:
+            pass
+    r.up_again()
+    t.join(60)
+    assert not t.is_alive() and not errors, errors
+    assert final(job).state is psij.JobState.COMPLETED
+    assert ex.list() == [job.native_id]
+    assert out.read_text() == "once\n"
+
+
+@pytest.mark.timeout(90)
+def test_submit_in_flight_when_the_daemon_dies_for_good_is_withdrawn(restartable: Restartable) -> None:
+    """No daemon back within request_timeout: the submit raises, transient, saying it was withdrawn --
+    a definite answer: a daemon started later on the run directory does not run it."""
+    r = restartable
+    ex = r.executor(request_timeout=1)
     agents_active(ex, 1)
     job = psij.Job(sh("true"))
     errors = r.die_with_requests_in_flight(ex, lambda: ex.submit(job), in_flight=1)
     assert len(errors) == 1 and isinstance(errors[0], psij.SubmitException), errors
     assert errors[0].transient
-    assert "may or may not have been accepted" in str(errors[0]), errors[0]
+    assert "it was withdrawn: no pilot of" in str(errors[0]), errors[0]
     assert job.status.state is psij.JobState.NEW and job.native_id is None
 
     r.up_again()
-    # Anything the executor sent again would be answered before this list(): nothing was.
-    assert ex.list() == []
+    assert list_when_back(ex) == []
     ok = psij.Job(sh("true"))
     ex.submit(ok)
     assert final(ok).state is psij.JobState.COMPLETED
 
 
 @pytest.mark.timeout(60)
-def test_a_silent_daemon_fails_requests_at_request_timeout(restartable: Restartable) -> None:
+def test_a_stopped_daemon_is_waited_for_by_submits_and_times_out_other_requests(restartable: Restartable) -> None:
+    """Issue 19 changed this promise: a submit to a daemon that is alive but stopped no longer fails at
+    request_timeout with "may still be accepted" (and is then accepted behind the caller's back): it
+    waits for the daemon and gets its answer. Other requests still time out."""
     r = restartable
     ex = r.executor(request_timeout=1)
     agents_active(ex, 1)
     daemon = psutil.Process(r.pilot.pid)
+    job = psij.Job(sh("true"))
+    submitted = threading.Thread(target=ex.submit, args=(job,))
     daemon.suspend()
     try:
-        job = psij.Job(sh("true"))
+        submitted.start()
         with pytest.raises(psij.SubmitException) as err:
-            ex.submit(job)
+            ex.list()
+        assert err.value.transient and "request_timeout" in str(err.value), err.value
+        assert submitted.is_alive() and job.status.state is psij.JobState.NEW  # several timeouts later
     finally:
         daemon.resume()
-    assert err.value.transient
-    message = str(err.value)
-    assert "request_timeout" in message and "list()" in message, message
-    assert job.status.state is psij.JobState.NEW and job.executor is None
-    # What the message warns about: the daemon read the submit once it ran again.
-    assert wait_for(lambda: ex.list(), what="the late submit to be accepted") == ["1"]
+    submitted.join(30)
+    assert not submitted.is_alive() and job.native_id is not None
+    assert final(job).state is psij.JobState.COMPLETED
+    assert ex.list() == [job.native_id]
 
 
 # -- a restarted daemon: jobs are followed again ---------------------------------------------------

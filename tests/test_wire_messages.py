@@ -42,6 +42,7 @@ SAMPLES: list[Any] = [
     m.Status(9),
     m.Nodes(10),
     m.Shutdown(11, drain=True),
+    m.Abandon(12, ("k-1", "k-2")),
 ]
 
 

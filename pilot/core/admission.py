@@ -11,6 +11,9 @@ from pilot.jobs import JobRecord
 from pilot.launchers import LAUNCHERS
 from pilot.model.job_description import DescriptionError
 
+#: Why a job whose client gave up on its submit does not run (refused, or canceled if it was accepted).
+ABANDONED = "withdrawn: its client gave up waiting for the pilot's answer to its submit"
+
 
 class Admission(Part):
     def __init__(self, state: CoreState) -> None:
@@ -19,6 +22,8 @@ class Admission(Part):
         self.draining = False
         #: Set by the shell while its journal cannot take new jobs: what to tell their submitters.
         self.refusing: str | None = None
+        #: Submit ids whose client gave up waiting for their answer (:meth:`abandon`): refused from now on.
+        self.abandoned: set[str] = set()
 
     def refusal(self) -> dict[str, Any] | None:
         """Why this pilot takes no new job now (the same answer for every job of a request), or None."""
@@ -43,6 +48,19 @@ class Admission(Part):
             return [refusal] * len(jobs)
         return [self._submit_one(ident, raw) for raw in jobs]
 
+    def abandon(self, submit_ids: list[str]) -> dict[str, str]:
+        """Submit ids whose client gave up waiting for the pilot's answer and told its caller that the job
+        will not run: a SUBMIT with one of them still on its way is refused from now on; returns the jobs
+        already accepted under them (submit id -> job id), which the caller cancels -- both sides agree."""
+        book = self.book
+        self.abandoned.update(submit_ids)
+        fresh = book.fresh_by_submit_id
+        known = {submit_id: fresh[submit_id] for submit_id in submit_ids if submit_id in fresh}
+        rest = [submit_id for submit_id in submit_ids if submit_id not in known]
+        if rest and book.history is not None:
+            known.update(book.history.jobs_by_submit_id(rest))
+        return known
+
     def _submit_with_ids(
         self, ident: bytes, jobs: list[Any], submit_ids: list[str | None], refusal: dict[str, Any] | None
     ) -> list[dict[str, Any]]:
@@ -60,7 +78,9 @@ class Admission(Part):
         results: list[dict[str, Any]] = []
         for raw, submit_id in zip(jobs, submit_ids, strict=True):
             job_id = known.get(submit_id) if submit_id is not None else None
-            if job_id is not None:
+            if submit_id is not None and submit_id in self.abandoned:
+                results.append({"error": ABANDONED})
+            elif job_id is not None:
                 results.append(self.attach(ident, job_id))
             elif refusal is not None:
                 results.append(refusal)

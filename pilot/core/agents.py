@@ -186,10 +186,12 @@ class Agents(Part):
                 )
 
     def check_heartbeats(self) -> None:
+        """Agents silent for ``agent_timeout`` of the daemon's own running time are lost: silence that
+        falls inside the daemon's pauses (:meth:`Clock.awake`) is not theirs."""
         timeout = self.config.pilot.agent_timeout
-        now = self.clock.mono
+        clock = self.clock
         for agent in list(self.nodes.agents.values()):
-            if agent.state == "active" and now - agent.last_seen > timeout:
-                self.gone(
-                    agent, f"node {agent.name} lost: its agent sent no heartbeat for {now - agent.last_seen:.1f} s"
-                )
+            if agent.state == "active" and clock.mono - agent.last_seen > timeout:
+                silent = clock.awake(agent.last_seen)
+                if silent > timeout:
+                    self.gone(agent, f"node {agent.name} lost: its agent sent no heartbeat for {silent:.1f} s")

@@ -15,7 +15,7 @@ import structlog
 
 from pilot.allocations import AllocationBook, PilotAllocation, Site, allocation_of_node
 from pilot.config import Config
-from pilot.core.admission import Admission
+from pilot.core.admission import ABANDONED, Admission
 from pilot.core.agents import Agents
 from pilot.core.clock import Clock
 from pilot.core.jobs import History, JobBook
@@ -81,6 +81,18 @@ class Core:
         self.lifecycle.cancel(job, reason=reason)
         return {"id": job_id}
 
+    def on_abandon(self, submit_ids: list[str]) -> list[dict[str, Any]]:
+        """Submit ids whose client gave up waiting for their answer, from the client or from the run
+        directory's list (``RunDir.abandoned_file``): never accepted from now on, and a job already
+        accepted under one is canceled. One result per submit id: the job it had made, if any."""
+        made = self.admission.abandon(submit_ids)
+        for job_id in made.values():
+            job = self.book.jobs.get(job_id)
+            if job is not None and not job.final:
+                log.info("job withdrawn by its client", job=job_id)
+                self.lifecycle.cancel(job, reason=ABANDONED)
+        return [{"submit_id": s, "id": made[s]} if s in made else {"submit_id": s} for s in submit_ids]
+
     def on_attach(self, ident: bytes, job_id: str) -> dict[str, Any]:
         return self.admission.attach(ident, job_id)
 
@@ -99,6 +111,17 @@ class Core:
 
     def on_agent(self, name: str, msg: AgentMessage) -> None:
         self.agents.on_message(name, msg)
+
+    def on_paused(self, *, since: float, until: float) -> None:
+        """The daemon itself did not run from ``since`` to ``until`` (monotonic, measured by the shell: the
+        process stopped, swapped out or starved of CPU). Agents' messages wait in the socket meanwhile:
+        no agent is declared lost, nor missing, for silence inside such a pause."""
+        self.clock.paused(since, until)
+        seconds = round(until - since, 1)
+        if seconds >= self.config.pilot.heartbeat_interval:
+            log.warning("the daemon did not run; agents are not blamed for it", seconds=seconds)
+        else:
+            log.info("the daemon did not run", seconds=seconds)
 
     def on_tick(self) -> None:
         """Heartbeats, agents that never came, allocations whose walltime margin is reached."""
@@ -176,6 +199,8 @@ class Core:
             registered = len(held.nodes)
             if registered >= a.nodes or self.clock.wall - a.started < timeout:
                 continue
+            if self.clock.awake(self.clock.mono - (self.clock.wall - a.started)) < timeout:
+                continue  # the daemon's own pauses are not the agents' time
             held.missing_agents = (
                 f"{a.nodes - registered} of {a.nodes} agents did not register within {timeout:g} s "
                 f"(pilot.agent_start_timeout); their logs are in {self.agent_logs}"

@@ -33,6 +33,7 @@ class Kind:
     SHOW: Final = "show"  # jobs as SSS Job XML, with State, Delivered and placed Tasks
     NODES: Final = "nodes"  # the nodes as SSS Node XML: Configured, Available, Utilized
     RELEASE: Final = "release"  # lift an SSS <Hold>
+    ABANDON: Final = "abandon"  # submit ids a client gave up on: refuse them, cancel what they made
     # daemon -> client
     REPLY: Final = "reply"
     EVENTS: Final = "events"
@@ -62,6 +63,7 @@ CLIENT_KINDS: Final = frozenset(
         Kind.SHOW,
         Kind.NODES,
         Kind.RELEASE,
+        Kind.ABANDON,
     }
 )
 AGENT_KINDS: Final = frozenset({Kind.REGISTER, Kind.HEARTBEAT, Kind.TASK_EVENTS, Kind.BYE})

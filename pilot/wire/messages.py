@@ -359,6 +359,29 @@ class Submit:
 
 
 @dataclass(frozen=True, slots=True)
+class Abandon:
+    """Submit ids whose client gave up waiting for the SUBMIT's answer (and told its caller the job will
+    not run): the pilot refuses them from now on and cancels any job it made under one."""
+
+    KIND: ClassVar[str] = Kind.ABANDON
+    rid: int
+    submit_ids: tuple[str, ...]
+
+    def body(self) -> dict[str, Any]:
+        return {"rid": self.rid, "submit_ids": list(self.submit_ids)}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        submit_ids = field(body, "submit_ids", list)
+        for submit_id in submit_ids:
+            if not (isinstance(submit_id, str) and 0 < len(submit_id) <= _SUBMIT_ID_CHARS):
+                raise ProtocolError(
+                    f"a submit id must be a string of 1 to {_SUBMIT_ID_CHARS} characters, not {submit_id!r:.80}"
+                )
+        return cls(field(body, "rid", int), tuple(submit_ids))
+
+
+@dataclass(frozen=True, slots=True)
 class _ByIds:
     """A request about jobs named by their ids."""
 
@@ -463,10 +486,13 @@ class Shutdown:
         return cls(field(body, "rid", int), opt_field(body, "drain", bool, False))
 
 
-ClientRequest = Submit | Cancel | Attach | Explain | Show | Release | Hello | ListJobs | Status | Nodes | Shutdown
+ClientRequest = (
+    Submit | Abandon | Cancel | Attach | Explain | Show | Release | Hello | ListJobs | Status | Nodes | Shutdown
+)
 
 TO_DAEMON_FROM_CLIENT: Mapping[str, type[Body]] = {
-    c.KIND: c for c in (Submit, Cancel, Attach, Explain, Show, Release, Hello, ListJobs, Status, Nodes, Shutdown)
+    c.KIND: c
+    for c in (Submit, Abandon, Cancel, Attach, Explain, Show, Release, Hello, ListJobs, Status, Nodes, Shutdown)
 }
 
 _CLIENT_KINDS = frozenset(TO_DAEMON_FROM_CLIENT)
