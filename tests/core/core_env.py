@@ -4,6 +4,7 @@ recorded after each step. No socket, process or thread: a whole job lifecycle ru
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pilot import config, lrm, site
@@ -130,6 +131,22 @@ class CoreEnv:
             self.sent.setdefault(ident, {}).update(statuses)
         self.core.book.retire()
         return Step(out, journal)
+
+    def restarted(self, path: Path) -> CoreEnv:
+        """kill -9 of the daemon, then ``pilot up``: a new core resumed from the same journal (the
+        allocation re-attached as the shell does, each job followed again as a client does once it
+        reconnects). Whatever was not committed is gone; the agents run on."""
+        assert self.store is not None
+        self.store.close()
+        store = Store.open(path)
+        recovered = store.load()
+        again = CoreEnv(nodes=self.nodes, cores=self.cores, store=store)
+        again.clock.set(wall=self.clock.wall + 1, mono=self.clock.mono + 1)
+        again.core.resume(jobs=recovered.jobs, nodes=recovered.nodes, next_seq=recovered.next_seq)
+        for job_id in list(again.core.book.jobs):
+            again.core.on_attach(CLIENT, job_id)
+        again.step()
+        return again
 
     # -- looks ------------------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from core_env import CLIENT, CoreEnv, Step, true
+from core_env import CoreEnv, Step, true
 
 from agent.agent import Agent
 from pilot.core.phase import Phase
@@ -51,22 +51,6 @@ pytestmark = pytest.mark.timeout(10)
 
 def _node(name: str, cores: int) -> NodeConfigured:
     return NodeConfigured(name=name, hostname=name, processors=list(range(cores)), memory=1 << 30)
-
-
-def _restart(env: CoreEnv, path: Path) -> CoreEnv:
-    """kill -9 of the daemon, then ``pilot up``: a new core resumed from the same journal (as in
-    test_core_restart.py). Whatever the old daemon had not committed is gone; the agents run on."""
-    assert env.store is not None
-    env.store.close()
-    store = Store.open(path)
-    recovered = store.load()
-    again = CoreEnv(nodes=env.nodes, cores=env.cores, store=store)
-    again.clock.set(wall=env.clock.wall + 1, mono=env.clock.mono + 1)
-    again.core.resume(jobs=recovered.jobs, nodes=recovered.nodes, next_seq=recovered.next_seq)
-    for job_id in list(again.core.book.jobs):
-        again.core.on_attach(CLIENT, job_id)
-    again.step()
-    return again
 
 
 class AgentModel:
@@ -248,7 +232,7 @@ def test_a_replayed_withdrawn_does_not_take_back_the_order_placed_again(tmp_path
         agent.exit(long)  # while no daemon runs: the new order starts on the freed core
         assert agent.starts[behind] == 1
 
-    again = _restart(env, path)
+    again = env.restarted(path)
     agent.env = again
     first, _ = agent.reregister()
     assert (f"{behind}~1", 0) in first.running and "withdrawn" in [e.kind for e in first.events if e.job_id == behind]
@@ -279,7 +263,7 @@ def test_a_repeated_register_does_not_withdraw_the_job_a_second_time(tmp_path: P
     _, behind, _ = _withdrawal_meets_a_new_job(env, agent)
     agent.send()  # sent to the old daemon, which dies before it reads it
 
-    again = _restart(env, path)
+    again = env.restarted(path)
     agent.env = again
     assert again.job(behind).phase is Phase.WITHDRAWING  # as journaled: asked back, not only behind
     first, second = agent.reregister()
@@ -349,7 +333,7 @@ def test_an_exit_between_register_and_registered_reaches_the_daemon(tmp_path: Pa
         env.step()
         assert env.job(job).phase is Phase.RANKS and env.job(job).run.started is not None
 
-        again = _restart(env, path)
+        again = env.restarted(path)
         agent._queue(Heartbeat())
         _frames_to_core(agent, again)
         _step_to_agent(again, agent)  # "unknown": register again
@@ -408,7 +392,7 @@ def test_a_resumed_job_that_started_behind_a_core_is_not_asked_back(tmp_path: Pa
     assert env.job(behind).phase is Phase.RANKS and env.job(behind).run.started is not None
     assert not agent.unacked
 
-    again = _restart(env, path)
+    again = env.restarted(path)
     agent.env = again
     agent.env.core.on_agent("n0", agent.reregister()[0])
     agent.receive(again.step())

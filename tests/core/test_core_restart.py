@@ -6,28 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from core_env import CLIENT, CoreEnv, true
+from core_env import CoreEnv, true
 
 from pilot.core.phase import Phase
 from pilot.model.job_state import JobState
 from pilot.store import Store
 
 pytestmark = pytest.mark.timeout(10)
-
-
-def _restart(env: CoreEnv, path: Path) -> CoreEnv:
-    """A new daemon's core on the same journal (the allocation re-attached as the shell does)."""
-    assert env.store is not None
-    env.store.close()
-    store = Store.open(path)
-    recovered = store.load()
-    again = CoreEnv(nodes=env.nodes, cores=env.cores, store=store)
-    again.clock.set(wall=env.clock.wall + 1, mono=env.clock.mono + 1)
-    again.core.resume(jobs=recovered.jobs, nodes=recovered.nodes, next_seq=recovered.next_seq)
-    for job_id in list(again.core.book.jobs):
-        again.core.on_attach(CLIENT, job_id)  # as a client does once it reconnects
-    again.step()
-    return again
 
 
 def test_resume_rebuilds_queue_running_behind_and_blocked(tmp_path: Path) -> None:
@@ -41,7 +26,7 @@ def test_resume_rebuilds_queue_running_behind_and_blocked(tmp_path: Path) -> Non
     env.step()
     assert env.job(behind).phase is Phase.BEHIND
 
-    again = _restart(env, path)
+    again = env.restarted(path)
     book = again.core.book
     assert book.seq == 3 and set(book.jobs) == {running, behind, blocked}
     assert book.jobs[running].phase is Phase.RANKS and book.jobs[running].state is JobState.ACTIVE
@@ -70,7 +55,7 @@ def test_an_agent_running_what_the_journal_does_not_hold_is_told_to_kill_it(tmp_
     env = CoreEnv(cores=1, store=Store.open(path))
     env.register("n0")
     env.step()
-    again = _restart(env, path)
+    again = env.restarted(path)
     step = again.register("n0", running=[["77", 0]])
     assert step.kills("n0") == {"unknown to the daemon": [["77", 0]]}
 
@@ -81,6 +66,6 @@ def test_next_job_id_continues_after_a_restart(tmp_path: Path) -> None:
     env.register("n0")
     first = env.submit(true(), true())
     env.step()
-    again = _restart(env, path)
+    again = env.restarted(path)
     again.register("n0", running=[[first[0], 0]])
     assert again.submit(true()) == ["3"]
