@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -79,3 +80,17 @@ def callbacks_settled(states: Callable[[], Sequence[psij.JobState]], what: str) 
     state is set, before that state's callbacks run (as psij-python's ``Job._set_status`` does): a test
     reading what a callback recorded right after ``wait()`` must wait for this first."""
     wait_for(lambda: (got := states()) and got[-1].final, 10, f"the callbacks of {what} to see its final state")
+
+
+def in_a_thread(call: Callable[[], object], errors: list[BaseException]) -> threading.Thread:
+    """Start ``call`` in a thread; what it raises goes into ``errors`` for the caller's asserts."""
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # recorded for the caller's asserts
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t

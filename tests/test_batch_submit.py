@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import Pilot
-from pilot_waits import agents_active, callbacks_settled, wait_for
+from pilot_waits import agents_active, callbacks_settled, in_a_thread, wait_for
 from test_client_resilience import Restartable, restartable, strays  # noqa: F401 -- fixtures
 
 import client as psij
@@ -205,18 +205,6 @@ def test_concurrent_submits_share_one_frame_and_keep_their_own_results(
     assert len(list(tmp_path.iterdir())) == threads * n - 1
 
 
-def _in_a_thread(call: Callable[[], object], errors: list[BaseException]) -> threading.Thread:
-    def run() -> None:
-        try:
-            call()
-        except BaseException as exc:  # recorded for the caller's asserts
-            errors.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t
-
-
 @pytest.mark.timeout(120)
 def test_a_batch_in_flight_when_the_daemon_dies_is_sent_to_the_next_daemon_and_runs_once(
     restartable: Restartable,  # noqa: F811 -- the fixture imported above
@@ -233,7 +221,7 @@ def test_a_batch_in_flight_when_the_daemon_dies_is_sent_to_the_next_daemon_and_r
     daemon = psutil.Process(r.pilot.pid)
     daemon.suspend()  # reads nothing: the requests are in flight, unanswered, when the daemon dies
     try:
-        t = _in_a_thread(lambda: ex.submit_all(jobs), errors)
+        t = in_a_thread(lambda: ex.submit_all(jobs), errors)
         conn = ex._backend.connection
         # Requests of 16, 32, 64 and 128 jobs are in flight (the window), the other 160 not yet sent.
         wait_for(lambda: conn.in_flight() == SUBMIT_WINDOW, what="the window's requests to be sent")
@@ -265,7 +253,7 @@ def test_a_batch_to_a_stopped_daemon_waits_for_it_and_is_accepted_once(
     errors: list[BaseException] = []
     daemon.suspend()
     try:
-        t = _in_a_thread(lambda: ex.submit_all(jobs), errors)
+        t = in_a_thread(lambda: ex.submit_all(jobs), errors)
         t.join(4)  # four request timeouts
         assert t.is_alive() and not errors, errors
     finally:

@@ -21,7 +21,7 @@ import psij as psij_python
 import psutil
 import pytest
 from conftest import PYTHON, Pilot
-from pilot_waits import agents_active, callbacks_settled, gone, list_when_back, wait_for
+from pilot_waits import agents_active, callbacks_settled, gone, in_a_thread, list_when_back, wait_for
 
 import client as psij
 from client._psij_plugin import PilotJobExecutor
@@ -109,16 +109,8 @@ class Restartable:
         daemon = psutil.Process(self.pilot.pid)
         daemon.suspend()  # reads nothing: the requests are in flight, unanswered, when the daemon dies
         errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                call()
-            except BaseException as exc:  # recorded for the caller's asserts
-                errors.append(exc)
-
-        t = threading.Thread(target=run)
         try:
-            t.start()
+            t = in_a_thread(call, errors)
             conn = ex._backend.connection
             wait_for(lambda: conn.in_flight() == in_flight, what=f"{in_flight} request(s) to be sent")
             self.kill_daemon()
