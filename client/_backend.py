@@ -140,6 +140,21 @@ class Backend:
             raise outcome
         return outcome
 
+    def submit_document(self, entry: dict[str, Any], on_id: Callable[[int, str], StatusSink]) -> dict[str, Any]:
+        """Submit one document (``{"sss": text}``, or another language's key): all its jobs are accepted or
+        none, under one submit id, so it is made once however its answer is lost (sent again to a restarted
+        daemon, or withdrawn when given up, as :meth:`submit`). ``on_id(k, native_id)`` is called for its
+        k-th job before any status of it is read. Returns the pilot's result (``ids``, ``warnings``)."""
+        conn = self.connection
+        hook = functools.partial(_subscribe, conn, on_id, 0)
+        ticket = conn.submit([entry], on_reply=hook, submit_ids=self.submit_ids.take(1))
+        result = _first(conn.wait(ticket, timeout=self.request_timeout))
+        if "error" in result:
+            raise (SubmitException if result.get("transient") else InvalidJobException)(str(result["error"]))
+        if not isinstance(result.get("ids"), list):
+            raise SubmitException(f"malformed result from the pilot: {str(result)[:200]}")
+        return result
+
     def submit_many(
         self,
         descriptions: Iterable[dict[str, Any]],
@@ -257,21 +272,31 @@ class Backend:
 
 def _subscribe(conn: Connection, on_id: Callable[[int, str], StatusSink], start: int, body: dict[str, Any]) -> None:
     """A submit's reply hook (the connection's reader): follow each accepted job before any of its
-    statuses is read. A job its submit id had made before (the submit sent again to a restarted daemon) comes
-    with its status, delivered as an event (and not followed if final: no event would end it)."""
+    statuses is read (a document's result names several). A job its submit id had made before (the
+    submit sent again to a restarted daemon) comes with its status, delivered as an event (and not
+    followed if final: no event would end it)."""
     results = body.get("results")
     if not isinstance(results, list):
         return
     for i, result in enumerate(results):
-        if isinstance(result, dict) and "id" in result:
-            native_id = str(result["id"])
-            sink = on_id(start + i, native_id)
-            raw = result.get("status")
-            status = report(raw) if raw is not None else None
-            if status is None or status.state not in _FINAL:
-                conn.subscribe(native_id, sink)
-            if status is not None:
-                conn.emit(status, [sink])
+        if not isinstance(result, dict):
+            continue
+        if "id" in result:
+            _follow(conn, on_id(start + i, str(result["id"])), str(result["id"]), result.get("status"))
+        ids, statuses = result.get("ids"), result.get("statuses")
+        if isinstance(ids, list):
+            if not isinstance(statuses, list) or len(statuses) != len(ids):
+                statuses = [None] * len(ids)
+            for k, (native_id, raw) in enumerate(zip(ids, statuses, strict=True)):
+                _follow(conn, on_id(k, str(native_id)), str(native_id), raw)
+
+
+def _follow(conn: Connection, sink: StatusSink, native_id: str, raw: Any) -> None:
+    status = report(raw) if raw is not None else None
+    if status is None or status.state not in _FINAL:
+        conn.subscribe(native_id, sink)
+    if status is not None:
+        conn.emit(status, [sink])
 
 
 def _outcomes(body: dict[str, Any], count: int) -> builtins.list[Outcome]:

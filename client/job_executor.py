@@ -24,6 +24,7 @@ without ever running twice (``client/_pipeline.py``).
 
 from __future__ import annotations
 
+import builtins
 import functools
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -272,18 +273,27 @@ class JobExecutor:
     def submit_sss(self, document: str | bytes) -> Sequence[Job]:
         """Submit an SSS Job or JobGroup (XML text): one Job per SSS job, each followed like a submitted
         one (``wait()``, callbacks). Every job is checked first and all are accepted or none: a bad
-        document raises InvalidJobException naming the line and element."""
+        document raises InvalidJobException naming the line and element. Like :meth:`submit`, the
+        document is made once however its answer is lost (one submit id for all its jobs)."""
+        return self._submit_document("sss", document)
+
+    def _submit_document(self, key: str, document: str | bytes) -> Sequence[Job]:
         text = document.decode("utf-8") if isinstance(document, bytes) else document
-        body = self._backend.request(wire.Kind.SUBMIT, {"jobs": [{"sss": text}]})
-        results = body.get("results")
-        result = results[0] if isinstance(results, list) and results and isinstance(results[0], dict) else {}
-        if "error" in result:
-            raise (SubmitException if result.get("transient") else InvalidJobException)(str(result["error"]))
-        jobs = []
-        for native_id in result.get("ids", []):
-            job = Job()
-            self.attach(job, str(native_id))
-            jobs.append(job)
+        jobs: builtins.list[Job] = []
+
+        def on_id(k: int, native_id: str) -> StatusSink:  # I/O thread, before any status of the job
+            while len(jobs) <= k:
+                job = Job()
+                job.executor = self
+                jobs.append(job)
+            jobs[k]._native_id = native_id
+            return functools.partial(_apply, jobs[k])
+
+        result = self._backend.submit_document({key: text}, on_id)
+        t = result.get("time")
+        for job in jobs:
+            if job.status.state is JobState.NEW:
+                job._set_status(JobStatus(JobState.QUEUED, time=t if isinstance(t, int | float) else None))
         return jobs
 
     def explain(self, job: Job | str) -> Sequence[str]:

@@ -460,11 +460,11 @@ class Store:
             out.meta[key] = unpack(value)
         return out
 
-    def jobs_by_submit_id(self, submit_ids: Sequence[str]) -> dict[str, str]:
-        """The jobs the journal holds under these submit ids: submit id -> job id (the first such job,
-        should a client have used a submit id twice). An indexed look-up, paid only by submits that carry
-        submit ids."""
-        found: dict[str, str] = {}
+    def jobs_by_submit_id(self, submit_ids: Sequence[str]) -> dict[str, list[str]]:
+        """The jobs the journal holds under these submit ids: submit id -> job ids in the order they were
+        accepted (several for a document's submit id: all its jobs share it). An indexed look-up, paid
+        only by submits that carry submit ids."""
+        found: dict[str, list[str]] = {}
         try:
             for start in range(0, len(submit_ids), _SUBMIT_IDS_PER_QUERY):
                 chunk = submit_ids[start : start + _SUBMIT_IDS_PER_QUERY]
@@ -473,7 +473,7 @@ class Store:
                     chunk,
                 )
                 for submit_id, job_id in rows:
-                    found.setdefault(submit_id, job_id)
+                    found.setdefault(submit_id, []).append(job_id)
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
         return found

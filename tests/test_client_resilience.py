@@ -277,6 +277,69 @@ def test_submit_in_flight_when_the_daemon_dies_for_good_is_withdrawn(restartable
     assert final(ok).state is psij.JobState.COMPLETED
 
 
+def appending_group(out: Path) -> str:
+    """An SSS JobGroup of two jobs, each appending its name to ``out``: what ran, and how often."""
+    script = out.with_name("append.sh")
+    script.write_text(f"#!/bin/sh\necho $1 >> {out}\n")
+    script.chmod(0o755)
+    jobs = "".join(
+        f"<Job><Id>{name}</Id><Executable>{script}</Executable><Arguments>{name}</Arguments></Job>"
+        for name in ("first", "second")
+    )
+    return f"<JobGroup><Id>pair</Id>{jobs}</JobGroup>"
+
+
+@pytest.mark.timeout(90)
+def test_a_document_in_flight_when_the_daemon_dies_is_answered_by_the_next_daemon_and_runs_once(
+    restartable: Restartable, tmp_path: Path
+) -> None:
+    """An SSS document travels under one submit id for all its jobs, as a PSI/J job does: in flight when
+    its daemon dies, it is sent again to the next daemon and each of its jobs runs once (issue 19)."""
+    r = restartable
+    ex = r.executor(request_timeout=60)
+    agents_active(ex, 1)
+    out = tmp_path / "out"
+    made: list[list[psij.Job]] = []
+    daemon = psutil.Process(r.pilot.pid)
+    daemon.suspend()
+    errors: list[BaseException] = []
+    try:
+        t = in_a_thread(lambda: made.append(list(ex.submit_sss(appending_group(out)))), errors)
+        conn = ex._backend.connection
+        wait_for(lambda: conn.in_flight() == 1, what="the document to be sent")
+        r.kill_daemon()
+    finally:
+        try:
+            daemon.resume()
+        except psutil.NoSuchProcess:
+            pass
+    r.up_again()
+    t.join(60)
+    assert not t.is_alive() and not errors, errors
+    (jobs,) = made
+    assert [final(job).state for job in jobs] == [psij.JobState.COMPLETED] * 2
+    assert sorted(ex.list()) == sorted(str(job.native_id) for job in jobs)
+    assert sorted(out.read_text().split()) == ["first", "second"]
+
+
+@pytest.mark.timeout(90)
+def test_a_document_in_flight_when_the_daemon_dies_for_good_is_withdrawn(
+    restartable: Restartable, tmp_path: Path
+) -> None:
+    """No daemon back within request_timeout: submit_sss raises, transient, saying the document was
+    withdrawn; a daemon started later on the run directory runs none of its jobs."""
+    r = restartable
+    ex = r.executor(request_timeout=1)
+    agents_active(ex, 1)
+    out = tmp_path / "out"
+    errors = r.die_with_requests_in_flight(ex, lambda: ex.submit_sss(appending_group(out)), in_flight=1)
+    assert len(errors) == 1 and isinstance(errors[0], psij.SubmitException), errors
+    assert errors[0].transient and "it was withdrawn: no pilot of" in str(errors[0]), errors[0]
+    r.up_again()
+    assert list_when_back(ex) == []
+    assert not out.exists()
+
+
 @pytest.mark.timeout(60)
 def test_a_stopped_daemon_is_waited_for_by_submits_and_times_out_other_requests(restartable: Restartable) -> None:
     """Issue 19 changed this promise: a submit to a daemon that is alive but stopped no longer fails at

@@ -355,7 +355,8 @@ def test_job_accepted_and_changed_in_one_batch(tmp_path: Path) -> None:
 
 def test_submit_ids_are_found_whatever_the_batch_did_to_the_row(tmp_path: Path) -> None:
     """A job's submit id survives being placed, requeued and ended in the batch that accepted it, and in
-    later batches; jobs_by_submit_id finds each (the first job, for a submit id used twice), and no other."""
+        later batches; jobs_by_submit_id finds each (every job under a submit id used twice, as a document's
+    jobs share one, in the order they were accepted), and no other."""
     ranks = [RankPlacement("n0", [0], [], 0)]
     with Store.open(tmp_path / "j.db") as store:
         with store.batch() as tx:
@@ -369,7 +370,7 @@ def test_submit_ids_are_found_whatever_the_batch_did_to_the_row(tmp_path: Path) 
             tx.job_accepted("4", 4, _desc(4), 1.0, submit_id="k-placed")  # a client that used one twice
             tx.job_update(_job("1", _desc(1), 1.0, state=JobState.COMPLETED, phase="done"))
         submit_ids = [f"other-{i}" for i in range(1200)] + ["k-placed", "k-requeued"]  # over one statement's worth
-        assert store.jobs_by_submit_id(submit_ids) == {"k-placed": "1", "k-requeued": "2"}
+        assert store.jobs_by_submit_id(submit_ids) == {"k-placed": ["1", "4"], "k-requeued": ["2"]}
         assert store.jobs_by_submit_id([]) == {}
         assert [j.id for j in store.load().jobs] == ["1", "2", "3", "4"]
 
@@ -391,7 +392,7 @@ def test_a_schema_2_journal_gains_submit_ids(tmp_path: Path) -> None:
         assert [j.id for j in store.load().jobs] == ["1"]
         with store.batch() as tx:
             tx.job_accepted("2", 2, _desc(2), 1.0, submit_id="k")
-        assert store.jobs_by_submit_id(["k"]) == {"k": "2"}
+        assert store.jobs_by_submit_id(["k"]) == {"k": ["2"]}
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert _submit_id_schema(db) == (["submit_id"], ["jobs_submit_id"])
@@ -418,10 +419,10 @@ def test_a_schema_3_journal_keeps_its_jobs_submit_ids_under_the_new_name(tmp_pat
     db.close()
     with Store.open(path) as store:
         assert [j.id for j in store.load().jobs] == ["1", "2", "3"]
-        assert store.jobs_by_submit_id(["k-1", "k-2", "k-3"]) == {"k-1": "1", "k-3": "3"}
+        assert store.jobs_by_submit_id(["k-1", "k-2", "k-3"]) == {"k-1": ["1"], "k-3": ["3"]}
         with store.batch() as tx:
             tx.job_accepted("4", 4, _desc(4), 1.0, submit_id="k-4")
-        assert store.jobs_by_submit_id(["k-4"]) == {"k-4": "4"}
+        assert store.jobs_by_submit_id(["k-4"]) == {"k-4": ["4"]}
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert _submit_id_schema(db) == (["submit_id"], ["jobs_submit_id"])

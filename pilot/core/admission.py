@@ -48,48 +48,58 @@ class Admission(Part):
             return [refusal] * len(jobs)
         return [self._submit_one(ident, raw) for raw in jobs]
 
-    def abandon(self, submit_ids: list[str]) -> dict[str, str]:
+    def abandon(self, submit_ids: list[str]) -> dict[str, list[str]]:
         """Submit ids whose client gave up waiting for the pilot's answer and told its caller that the job
         will not run: a SUBMIT with one of them still on its way is refused from now on; returns the jobs
-        already accepted under them (submit id -> job id), which the caller cancels -- both sides agree."""
-        book = self.book
+        already accepted under them (submit id -> job ids), which the caller cancels -- both sides agree."""
         self.abandoned.update(submit_ids)
+        return self._made_under(submit_ids)
+
+    def _made_under(self, submit_ids: list[str]) -> dict[str, list[str]]:
+        """The jobs this pilot accepted under these submit ids: submit id -> job ids, oldest first."""
+        book = self.book
         fresh = book.fresh_by_submit_id
-        known = {submit_id: fresh[submit_id] for submit_id in submit_ids if submit_id in fresh}
-        rest = [submit_id for submit_id in submit_ids if submit_id not in known]
+        made = {submit_id: fresh[submit_id] for submit_id in submit_ids if submit_id in fresh}
+        rest = [submit_id for submit_id in submit_ids if submit_id not in made]
         if rest and book.history is not None:
-            known.update(book.history.jobs_by_submit_id(rest))
-        return known
+            made.update(book.history.jobs_by_submit_id(rest))
+        return made
 
     def _submit_with_ids(
         self, ident: bytes, jobs: list[Any], submit_ids: list[str | None], refusal: dict[str, Any] | None
     ) -> list[dict[str, Any]]:
-        """Jobs named by the client's submit ids (pipelined submits). A submit id this pilot knows is
-        the job that submit id made before -- its answer was lost with a connection or a daemon, and the
-        client sent it again -- which this client now follows, even while new jobs are refused: it never
-        runs twice. The others are submitted as usual."""
-        book = self.book
-        named = [submit_id for submit_id in submit_ids if submit_id is not None]
-        fresh = book.fresh_by_submit_id
-        known = {submit_id: fresh[submit_id] for submit_id in named if submit_id in fresh}
-        rest = [submit_id for submit_id in named if submit_id not in known]
-        if rest and book.history is not None:
-            known.update(book.history.jobs_by_submit_id(rest))
+        """Jobs (or documents) named by the client's submit ids. A submit id this pilot knows is the
+        jobs that submit id made before -- its answer was lost with a connection or a daemon, and the
+        client sent it again -- which this client now follows, even while new jobs are refused: they
+        never run twice. The others are submitted as usual."""
+        known = self._made_under([submit_id for submit_id in submit_ids if submit_id is not None])
         results: list[dict[str, Any]] = []
         for raw, submit_id in zip(jobs, submit_ids, strict=True):
-            job_id = known.get(submit_id) if submit_id is not None else None
+            made = known.get(submit_id) if submit_id is not None else None
             if submit_id is not None and submit_id in self.abandoned:
                 results.append({"error": ABANDONED})
-            elif job_id is not None:
-                results.append(self.attach(ident, job_id))
+            elif made is not None:
+                results.append(self._follow_again(ident, raw, made))
             elif refusal is not None:
                 results.append(refusal)
             else:
                 result = self._submit_one(ident, raw, submit_id=submit_id)
-                if submit_id is not None and "id" in result:
-                    known[submit_id] = result["id"]
+                if submit_id is not None and ("id" in result or "ids" in result):
+                    known[submit_id] = result["ids"] if "ids" in result else [result["id"]]
                 results.append(result)
         return results
+
+    def _follow_again(self, ident: bytes, raw: Any, made: list[str]) -> dict[str, Any]:
+        """The answer to a submit sent again whose jobs this pilot made: those jobs, followed by
+        ``ident``, each with its status now; a document's answer lists them all, as its first one did."""
+        if not is_document(raw):
+            return self.attach(ident, made[0])
+        answers = [self.attach(ident, job_id) for job_id in made]
+        try:
+            warnings = compile_entry(raw, cluster=self.nodes.cluster).warnings
+        except DescriptionError:
+            warnings = []  # it compiled when it was accepted: only the warnings are at stake
+        return {"ids": made, "statuses": [answer.get("status") for answer in answers], "warnings": warnings}
 
     def attach(self, ident: bytes, job_id: str) -> dict[str, Any]:
         """Follow a job: an unfinished one's statuses go to ``ident`` from now on."""
@@ -108,11 +118,10 @@ class Admission(Part):
     def _submit_one(self, ident: bytes, raw: Any, *, submit_id: str | None = None) -> dict[str, Any]:
         """One entry of a SUBMIT request (the pilot takes new jobs: :meth:`refusal` said so), compiled by
         its language's front-end. Every job it holds is checked (launchers, whether it can ever fit,
-        dependencies and cycles) before any is accepted: all are accepted or none."""
+        dependencies and cycles) before any is accepted: all are accepted or none, every one of them under
+        ``submit_id`` if given."""
         book = self.book
         now = self.clock.wall
-        if submit_id is not None and is_document(raw):
-            return {"error": "a document submission carries no submit id: submit it without one"}
         try:
             submission = compile_entry(raw, cluster=self.nodes.cluster)
             records: list[JobRecord] = []

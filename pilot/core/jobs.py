@@ -27,7 +27,7 @@ class History(Protocol):
 
     def job_record(self, job_id: str) -> tuple[dict[str, Any], list[Any], float, float | None, float | None] | None: ...
 
-    def jobs_by_submit_id(self, submit_ids: list[str]) -> dict[str, str]: ...
+    def jobs_by_submit_id(self, submit_ids: list[str]) -> dict[str, list[str]]: ...
 
     def job_ids(self) -> list[str]: ...
 
@@ -48,8 +48,9 @@ class JobBook:
         self.behind: dict[str, float] = {}
         self.graph = JobGraph()
         self.seq = 0  # the last job id given
-        #: Jobs accepted since the last journal commit under a client's submit id: submit id -> job id.
-        self.fresh_by_submit_id: dict[str, str] = {}
+        #: Jobs accepted since the last journal commit under a client's submit id: submit id -> job ids
+        #: (one for a PSI/J job; every job of a document, which travels under one submit id).
+        self.fresh_by_submit_id: dict[str, list[str]] = {}
         self._dirty: set[JobRecord] = set()  # rows changed since the last commit
         self._placed: set[JobRecord] = set()  # ... whose placement changed
         self._results: list[tuple[JobRecord, int, ProcessResult]] = []
@@ -137,7 +138,11 @@ class JobBook:
         self.jobs[job.id] = job
         self.outbox.journal.job_accepted(job.id, self.seq, raw, job.submitted, submit_id=submit_id)
         if submit_id is not None:
-            self.fresh_by_submit_id[submit_id] = job.id
+            made = self.fresh_by_submit_id.get(submit_id)
+            if made is None:
+                self.fresh_by_submit_id[submit_id] = [job.id]
+            else:
+                made.append(job.id)
         self.counts[JobState.QUEUED] += 1
         if job.edges is None and not job.user_hold:
             self.queue.push(job)

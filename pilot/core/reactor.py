@@ -84,14 +84,15 @@ class Core:
     def on_abandon(self, submit_ids: list[str]) -> list[dict[str, Any]]:
         """Submit ids whose client gave up waiting for their answer, from the client or from the run
         directory's list (``RunDir.abandoned_file``): never accepted from now on, and a job already
-        accepted under one is canceled. One result per submit id: the job it had made, if any."""
+        accepted under one is canceled. One result per submit id: the jobs it had made, if any."""
         made = self.admission.abandon(submit_ids)
-        for job_id in made.values():
-            job = self.book.jobs.get(job_id)
-            if job is not None and not job.final:
-                log.info("job withdrawn by its client", job=job_id)
-                self.lifecycle.cancel(job, reason=ABANDONED)
-        return [{"submit_id": s, "id": made[s]} if s in made else {"submit_id": s} for s in submit_ids]
+        for job_ids in made.values():
+            for job_id in job_ids:
+                job = self.book.jobs.get(job_id)
+                if job is not None and not job.final:
+                    log.info("job withdrawn by its client", job=job_id)
+                    self.lifecycle.cancel(job, reason=ABANDONED)
+        return [{"submit_id": s, "ids": made[s]} if s in made else {"submit_id": s} for s in submit_ids]
 
     def on_attach(self, ident: bytes, job_id: str) -> dict[str, Any]:
         return self.admission.attach(ident, job_id)

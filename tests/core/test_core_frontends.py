@@ -3,17 +3,20 @@ plan from it. A new language is one front-end module; task groups are planned fr
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from core_env import CLIENT, CoreEnv, true
 
 from pilot import frontends
+from pilot.core.admission import ABANDONED
 from pilot.frontends import FrontEnd
 from pilot.model.job_description import DescriptionError, JobDescription, ResourceRequest
 from pilot.model.job_state import JobState
 from pilot.request import Request, Submission
 from pilot.scheduler.cluster import Cluster
+from pilot.store import Store
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -91,14 +94,57 @@ def test_task_groups_are_planned_from_their_placement() -> None:
     assert [t[:2] for t in status[5]["tasks"]] == [[0, 0], [1, 0], [1, 1], [1, 2]]
 
 
-def test_a_document_carries_no_submit_id_and_a_plain_job_does() -> None:
-    env = CoreEnv(cores=1)
+def test_a_document_and_a_plain_job_each_travel_under_one_submit_id() -> None:
+    """A document's jobs all share its submit id: sent again (its answer lost), it is the same jobs,
+    followed again with their statuses and warnings, not a second set (issue 19)."""
+    env = CoreEnv(cores=4)
     env.register("n0")
-    (refused,) = env.core.on_submit(CLIENT, [{"sss": GROUPS}], ["k1"])
-    assert "carries no submit id" in refused["error"]
+    (first,) = env.core.on_submit(CLIENT, [{"sss": GROUPS}], ["k1"])
+    (again,) = env.core.on_submit(b"other-client", [{"sss": GROUPS}], ["k1"])
+    assert again["ids"] == first["ids"] and again["warnings"] == first["warnings"]
+    assert [s[1] for s in again["statuses"]] == ["QUEUED"]
+    assert b"other-client" in env.job(first["ids"][0]).subscribers
     (accepted,) = env.core.on_submit(CLIENT, [true().to_wire()], ["k2"])
-    (again,) = env.core.on_submit(CLIENT, [true().to_wire()], ["k2"])
-    assert accepted["id"] == again["id"]  # the same submit id is the same job: it never runs twice
+    (plain_again,) = env.core.on_submit(CLIENT, [true().to_wire()], ["k2"])
+    assert accepted["id"] == plain_again["id"]  # the same submit id is the same job: it never runs twice
+    assert sorted(env.core.book.jobs) == sorted([*first["ids"], accepted["id"]])
+
+
+JOB_GROUP = """<JobGroup><Id>g</Id>
+  <Job><Id>a</Id><Executable>/bin/true</Executable></Job>
+  <Job><Id>b</Id><Executable>/bin/true</Executable><Dependency>a</Dependency></Job>
+  <Job><Id>c</Id><Executable>/bin/true</Executable></Job>
+</JobGroup>"""
+
+
+def test_a_job_groups_submit_id_finds_all_its_jobs_in_the_journal_after_a_restart(tmp_path: Path) -> None:
+    env = CoreEnv(cores=1, store=Store.open(tmp_path / "journal.db"))
+    env.register("n0")
+    (made,) = env.core.on_submit(CLIENT, [{"sss": JOB_GROUP}], ["doc-1"])
+    assert len(made["ids"]) == 3
+    env.step()  # committed: from now on only the journal knows the submit id
+    assert not env.core.book.fresh_by_submit_id
+    again = env.restarted(tmp_path / "journal.db")
+    (answer,) = again.core.on_submit(CLIENT, [{"sss": JOB_GROUP}], ["doc-1"])
+    assert answer["ids"] == made["ids"] and len(answer["statuses"]) == 3
+    assert sorted(again.core.book.jobs) == sorted(made["ids"])  # nothing made twice
+
+
+def test_giving_up_a_documents_submit_id_cancels_every_job_it_made(tmp_path: Path) -> None:
+    env = CoreEnv(cores=1, store=Store.open(tmp_path / "journal.db"))
+    env.register("n0")
+    (made,) = env.core.on_submit(CLIENT, [{"sss": JOB_GROUP}], ["doc-1"])
+    env.step()
+    results = env.core.on_abandon(["doc-1"])
+    assert results == [{"submit_id": "doc-1", "ids": made["ids"]}]
+    env.step()
+    for job_id in made["ids"]:
+        if env.core.book.jobs.get(job_id) is not None and env.job(job_id).run.processes:
+            env.exited("n0", job_id, code=-15)
+    env.step()
+    assert {env.state(job_id) for job_id in made["ids"]} == {JobState.CANCELED}
+    (late,) = env.core.on_submit(CLIENT, [{"sss": JOB_GROUP}], ["doc-1"])
+    assert late == {"error": ABANDONED}
 
 
 def test_both_shapes_share_one_queue_and_one_never_fits() -> None:

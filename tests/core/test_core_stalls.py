@@ -101,8 +101,8 @@ def test_a_submit_id_given_up_is_refused_and_the_job_it_made_is_canceled() -> No
     # k-1 made a running job, k-2 a queued one; k-3's submit has not arrived yet.
     results = core.on_abandon(["k-1", "k-2", "k-3"])
     assert results == [
-        {"submit_id": "k-1", "id": running},
-        {"submit_id": "k-2", "id": queued["id"]},
+        {"submit_id": "k-1", "ids": [running]},
+        {"submit_id": "k-2", "ids": [queued["id"]]},
         {"submit_id": "k-3"},
     ]
     step = env.step()
@@ -122,7 +122,7 @@ def test_a_submit_id_given_up_finds_its_job_in_the_journal(tmp_path: Path) -> No
     (made,) = env.core.on_submit(CLIENT, [true().to_wire()], ["k-2"])  # k-1 never came
     step = env.step()  # committed: the submit id is in the journal only now
     assert not env.core.book.fresh_by_submit_id and step.orders("n0")
-    assert env.core.on_abandon(["k-1", "k-2"]) == [{"submit_id": "k-1"}, {"submit_id": "k-2", "id": made["id"]}]
+    assert env.core.on_abandon(["k-1", "k-2"]) == [{"submit_id": "k-1"}, {"submit_id": "k-2", "ids": [made["id"]]}]
     step = env.step()
     assert step.kills("n0") == {"canceled": [[made["id"], 0]]}  # on its way to the agent: killed there
     env.started("n0", made["id"])
