@@ -235,6 +235,8 @@ class RequestTable:
             body: dict[str, Any] = {"jobs": p.jobs, "rid": rid}
             if p.submit_ids is not None:
                 body["submit_ids"] = p.submit_ids
+            if p.uncertain:
+                body["again"] = True  # the pilot may know its submit ids: it looks them up in its journal
             return wire.encode(wire.Kind.SUBMIT, body)
         group_rid = _group_rid(unit)
         self._groups[group_rid] = unit
@@ -245,6 +247,8 @@ class RequestTable:
                 for _, q in unit
                 for submit_id in (q.submit_ids if q.submit_ids is not None else [None] * len(q.jobs or ()))
             ]
+        if any(q.uncertain for _, q in unit):
+            body["again"] = True
         return wire.encode(wire.Kind.SUBMIT, body)
 
     def _fail(self, message: Callable[[Pending], str], *, sent_only: bool, keep_with_submit_ids: bool = True) -> None:

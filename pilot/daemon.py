@@ -119,6 +119,7 @@ class Daemon:
         self._stalls = StallMeter(time.monotonic())
         #: Submit ids local clients gave up on, read from the run directory before each look at clients.
         self._abandoned = AbandonedSubmits(rundir.abandoned_file)
+        self._abandoned_read = False  # this loop turn has read it already
 
     @property
     def client_url(self) -> str:
@@ -337,7 +338,7 @@ class Daemon:
                 with anyio.move_on_after(0.1):
                     await self._checkpointing.wait()
                 continue
-            self._read_abandoned()  # before any client frame: a submit given up is never accepted after
+            self._abandoned_read = False  # read again before this turn's first submit (see _handle_client)
             for frames in drain(clients, _DRAIN):
                 self._on_client(frames)
             for frames in drain(agents, _DRAIN):
@@ -347,7 +348,9 @@ class Daemon:
 
     def _read_abandoned(self) -> None:
         """Submit ids a local client gave up on (appended to the run directory's list, which any daemon
-        of it reads, this one or the next): refused, and the jobs they made canceled."""
+        of it reads, this one or the next): refused, and the jobs they made canceled. Read before a loop
+        turn's first submit (a submit given up is never accepted after) and on each tick."""
+        self._abandoned_read = True
         try:
             submit_ids = self._abandoned.read()
         except OSError as exc:
@@ -386,8 +389,10 @@ class Daemon:
     def _handle_client(self, ident: bytes, msg: Body) -> dict[str, Any]:
         core = self.core
         match msg:
-            case Submit(jobs=jobs, submit_ids=submit_ids):
-                return {"results": core.on_submit(ident, jobs, submit_ids)}
+            case Submit(jobs=jobs, submit_ids=submit_ids, again=again):
+                if not self._abandoned_read:
+                    self._read_abandoned()
+                return {"results": core.on_submit(ident, jobs, submit_ids, again=again)}
             case Abandon(submit_ids=submit_ids):
                 return {"results": core.on_abandon(list(submit_ids))}
             case Cancel(ids=ids):
@@ -568,6 +573,7 @@ class Daemon:
             self._clock()
             self._beat(core.clock.mono)  # a pause that ends now is known before the core judges silence
             core.on_tick()
+            self._read_abandoned()  # jobs made under a submit id given up are canceled without a new submit
             guard = self.guard
             if guard is not None:
                 await guard.recover(mono=core.clock.mono)

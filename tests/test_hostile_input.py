@@ -180,10 +180,10 @@ REJECTED: list[tuple[str, str, dict[str, Any], str]] = [
         "a submit id must be a string of 1 to 128 characters",
     ),
     (
-        "an SSS document with a submit id",
+        "a submit's 'again' not a boolean",
         Kind.SUBMIT,
-        {"jobs": [{"sss": "<Job/>"}], "submit_ids": ["k"]},
-        "carries no submit id",
+        {"jobs": [{"executable": "/bin/true"}], "submit_ids": ["k"], "again": "yes"},
+        "field 'again' must be",
     ),
     ("cancel ids not strings", Kind.CANCEL, {"ids": [1, 2]}, "bad cancel request: field 'ids' must be a list"),
     ("cancel of no such job", Kind.CANCEL, {"ids": ["424242"]}, "no job '424242' in this pilot"),

@@ -147,8 +147,8 @@ def test_a_submit_id_the_pilot_knows_is_answered_with_the_job_it_made(
     start_pilot: Callable[..., Pilot], tmp_path: Path
 ) -> None:
     """The daemon side of a lost answer, over a raw socket: a job with a submit id sent again (in the same
-    frame, in a later one, or to a daemon restarted after SIGKILL) is the job its submit id made, never a
-    second one."""
+    frame, in a later one, or to a daemon restarted after SIGKILL, each marked ``again`` as a client marks
+    what it sends again) is the job its submit id made, never a second one."""
     p = start_pilot(CONFIG)
     agents_active(p.executor(), 1)
     out = tmp_path / "out"
@@ -156,8 +156,11 @@ def test_a_submit_id_the_pilot_knows_is_answered_with_the_job_it_made(
     def job(i: int) -> dict[str, Any]:
         return {"executable": "/bin/sh", "arguments": ["-c", f"echo {i} >> {out}"]}
 
-    def submit(peer: Peer, rid: int, submit_ids: list[str], jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        peer.send(wire.encode(Kind.SUBMIT, {"rid": rid, "jobs": jobs, "submit_ids": submit_ids}))
+    def submit(
+        peer: Peer, rid: int, submit_ids: list[str], jobs: list[dict[str, Any]], *, again: bool = True
+    ) -> list[dict[str, Any]]:
+        body = {"rid": rid, "jobs": jobs, "submit_ids": submit_ids, "again": again}
+        peer.send(wire.encode(Kind.SUBMIT, body))
         while True:
             msg = peer.recv()
             assert msg is not None, "no answer"
@@ -168,7 +171,7 @@ def test_a_submit_id_the_pilot_knows_is_answered_with_the_job_it_made(
 
     peer = Peer(p.info["client_url"])
     try:
-        a = submit(peer, 1, ["k1", "k2", "k2"], [job(1), job(2), job(2)])
+        a = submit(peer, 1, ["k1", "k2", "k2"], [job(1), job(2), job(2)], again=False)
         assert a[0]["id"] != a[1]["id"] and a[1]["id"] == a[2]["id"], a
         b = submit(peer, 2, ["k2", "k3"], [job(2), job(3)])
         assert b[0]["id"] == a[1]["id"] and b[0]["status"][1] in ("QUEUED", "ACTIVE", "COMPLETED"), b

@@ -39,11 +39,14 @@ class Admission(Part):
             }
         return None
 
-    def submit(self, ident: bytes, jobs: list[Any], submit_ids: list[str | None] | None) -> list[dict[str, Any]]:
-        """The results of a SUBMIT's jobs, in order: each an id or an error."""
+    def submit(
+        self, ident: bytes, jobs: list[Any], submit_ids: list[str | None] | None, *, again: bool = True
+    ) -> list[dict[str, Any]]:
+        """The results of a SUBMIT's jobs, in order: each an id or an error. ``again``: the client may have
+        sent these submit ids before (to this daemon or an earlier one), so the journal is asked too."""
         refusal = self.refusal()
         if submit_ids is not None:
-            return self._submit_with_ids(ident, jobs, submit_ids, refusal)
+            return self._submit_with_ids(ident, jobs, submit_ids, refusal, again=again)
         if refusal is not None:
             return [refusal] * len(jobs)
         return [self._submit_one(ident, raw) for raw in jobs]
@@ -53,26 +56,34 @@ class Admission(Part):
         will not run: a SUBMIT with one of them still on its way is refused from now on; returns the jobs
         already accepted under them (submit id -> job ids), which the caller cancels -- both sides agree."""
         self.abandoned.update(submit_ids)
-        return self._made_under(submit_ids)
+        return self._made_under(submit_ids, journaled=True)
 
-    def _made_under(self, submit_ids: list[str]) -> dict[str, list[str]]:
-        """The jobs this pilot accepted under these submit ids: submit id -> job ids, oldest first."""
+    def _made_under(self, submit_ids: list[str], *, journaled: bool) -> dict[str, list[str]]:
+        """The jobs this pilot accepted under these submit ids: submit id -> job ids, oldest first. Those
+        committed are looked up in the journal only if ``journaled`` (an indexed query: a submit sent
+        the first time need not pay it)."""
         book = self.book
         fresh = book.fresh_by_submit_id
         made = {submit_id: fresh[submit_id] for submit_id in submit_ids if submit_id in fresh}
-        rest = [submit_id for submit_id in submit_ids if submit_id not in made]
+        rest = [submit_id for submit_id in submit_ids if submit_id not in made] if journaled else None
         if rest and book.history is not None:
             made.update(book.history.jobs_by_submit_id(rest))
         return made
 
     def _submit_with_ids(
-        self, ident: bytes, jobs: list[Any], submit_ids: list[str | None], refusal: dict[str, Any] | None
+        self,
+        ident: bytes,
+        jobs: list[Any],
+        submit_ids: list[str | None],
+        refusal: dict[str, Any] | None,
+        *,
+        again: bool,
     ) -> list[dict[str, Any]]:
         """Jobs (or documents) named by the client's submit ids. A submit id this pilot knows is the
         jobs that submit id made before -- its answer was lost with a connection or a daemon, and the
         client sent it again -- which this client now follows, even while new jobs are refused: they
         never run twice. The others are submitted as usual."""
-        known = self._made_under([submit_id for submit_id in submit_ids if submit_id is not None])
+        known = self._made_under([submit_id for submit_id in submit_ids if submit_id is not None], journaled=again)
         results: list[dict[str, Any]] = []
         for raw, submit_id in zip(jobs, submit_ids, strict=True):
             made = known.get(submit_id) if submit_id is not None else None

@@ -68,8 +68,10 @@ class Core:
 
     # -- events from clients ------------------------------------------------------------------------
 
-    def on_submit(self, ident: bytes, jobs: list[Any], submit_ids: list[str | None] | None) -> list[dict[str, Any]]:
-        return self.admission.submit(ident, jobs, submit_ids)
+    def on_submit(
+        self, ident: bytes, jobs: list[Any], submit_ids: list[str | None] | None, *, again: bool = True
+    ) -> list[dict[str, Any]]:
+        return self.admission.submit(ident, jobs, submit_ids, again=again)
 
     def on_cancel(self, job_id: str, *, reason: str = "canceled") -> dict[str, Any]:
         job = self.book.jobs.get(job_id)

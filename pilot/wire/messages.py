@@ -325,18 +325,22 @@ class Stop:
 @dataclass(frozen=True, slots=True)
 class Submit:
     """Jobs, each a PSI/J description (checked by ``JobDescription.from_wire``) or ``{"sss": document}``;
-    ``submit_ids``: the client's own id for each job (pipelined submits), so a resent one is never made
-    twice."""
+    ``submit_ids``: the client's own id for each job, so a resent one is never made twice; ``again``: some
+    of them were sent before, on a connection lost before its answer (only then may the journal know
+    them: a first send's submit ids are new, and are not looked up there)."""
 
     KIND: ClassVar[str] = Kind.SUBMIT
     rid: int
     jobs: list[Any]
     submit_ids: list[str | None] | None = None
+    again: bool = False
 
     def body(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rid": self.rid, "jobs": self.jobs}
         if self.submit_ids is not None:
             out["submit_ids"] = self.submit_ids
+        if self.again:
+            out["again"] = True
         return out
 
     @classmethod
@@ -355,7 +359,7 @@ class Submit:
                     raise ProtocolError(
                         f"a submit id must be a string of 1 to {_SUBMIT_ID_CHARS} characters, not {submit_id!r:.80}"
                     )
-        return cls(field(body, "rid", int), jobs, submit_ids)
+        return cls(field(body, "rid", int), jobs, submit_ids, bool(opt_field(body, "again", bool, False)))
 
 
 @dataclass(frozen=True, slots=True)
