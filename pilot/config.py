@@ -55,6 +55,9 @@ class PilotSettings:
     journal_checkpoint_mib: float = 4.0
     #: Seconds between two snapshots of the journal ('pilot up --restore' rebuilds from the last); 0: none.
     journal_snapshot_seconds: float = 60.0
+    #: Seconds a queued job that does not fit may wait before the queue holds for it: then no job queued
+    #: behind it (lower priority, or later) starts until it has, so smaller jobs cannot starve it; 0: never.
+    reserve_after: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +190,13 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
         journal_snapshot_seconds=_get(
             p, "journal_snapshot_seconds", float, "pilot.", source, d.journal_snapshot_seconds
         ),
+        reserve_after=_get(p, "reserve_after", float, "pilot.", source, d.reserve_after),
     )
+    if not pilot.reserve_after >= 0:
+        raise ConfigError(
+            f"{source}: pilot.reserve_after = {pilot.reserve_after}; give the seconds a job that does not fit may "
+            "wait before the queue holds for it, or 0 for never"
+        )
     if not 0.0625 <= pilot.journal_checkpoint_mib <= 4096:
         raise ConfigError(
             f"{source}: pilot.journal_checkpoint_mib = {pilot.journal_checkpoint_mib}; give 0.0625 to 4096 (MiB)"

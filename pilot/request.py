@@ -29,6 +29,10 @@ from pilot.scheduler.distribution import JobRequest
 _NEEDS: Final = {name: launcher.needs_lrm for name, launcher in LAUNCHERS.items()}
 
 
+#: A job's priority is a whole number within +-this (SSS <Priority>, PSI/J ``pilot.priority``).
+PRIORITY_LIMIT: Final = 1_000_000_000
+
+
 class Request:
     """One job as every part after its front-end sees it. Thousands of them wait in a queue, so it
     holds no more than it must: a plain job's task group is made from its description when first
@@ -41,6 +45,7 @@ class Request:
         "hold",
         "local_id",
         "name",
+        "priority",
         "resolved",
         "shown",
         "slots",
@@ -60,6 +65,7 @@ class Request:
         dependencies: tuple[Dependency, ...] = (),
         hold: bool = False,
         shown: Job | None = None,
+        priority: int = 0,
     ) -> None:
         if (slots is None) == (resolved is None):
             raise ValueError("a request has exactly one placement shape: slots or resolved")
@@ -80,6 +86,9 @@ class Request:
         self.hold = hold
         #: The job as an SSS Job for 'pilot show --xml' when it was written as one; None: made from the description.
         self.shown = shown
+        #: Queue order: higher first, first come first served within one priority (SSS <Priority>,
+        #: PSI/J ``pilot.priority``).
+        self.priority = priority
 
     @classmethod
     def of_description(cls, description: JobDescription) -> Request:

@@ -65,14 +65,39 @@ def explain(core: Core, job_id: str) -> dict[str, Any]:
     if never:
         return {"id": job_id, "state": state, "reasons": ["it can never run here: " + r for r in never]}
     reasons += waits_for(core, job)
+    reasons += _queue_order(core, job)
+    return {"id": job_id, "state": state, "reasons": reasons + coming}
+
+
+def _queue_order(core: Core, job: JobRecord) -> list[str]:
+    """Who is ahead of a queued job: higher priorities, the same request queued before it, and a job the
+    queue holds for (``pilot.reserve_after``)."""
+    priority = job.request.priority
+    queued = [j for j in core.book.jobs.values() if j.phase is Phase.QUEUED and j is not job]
+    higher = sum(1 for j in queued if j.request.priority > priority)
     ahead = sum(
         1
-        for j in book.jobs.values()
-        if j.phase is Phase.QUEUED and j.category == job.category and _id_order(j.id) < _id_order(job.id)
+        for j in queued
+        if j.request.priority == priority and j.category == job.category and _id_order(j.id) < _id_order(job.id)
     )
+    reasons = []
+    if higher:
+        reasons.append(f"{higher} job(s) of higher priority are queued ahead of it (its priority: {priority})")
     if ahead:
         reasons.append(f"{ahead} job(s) with the same request were queued before it")
-    return {"id": job_id, "state": state, "reasons": reasons + coming}
+    reserved = core.scheduler.reserved
+    wait = core.config.pilot.reserve_after
+    if reserved is job:
+        reasons.append(
+            f"the queue holds for it: it has waited over {wait:g} s (pilot.reserve_after) without room, so no job "
+            "queued behind it starts until it has"
+        )
+    elif reserved is not None and reserved.phase is Phase.QUEUED:
+        reasons.append(
+            f"waits behind job {reserved.id}, which has waited over {wait:g} s (pilot.reserve_after) without room: "
+            "the queue holds for it"
+        )
+    return reasons
 
 
 def waits_for(core: Core, job: JobRecord) -> list[str]:

@@ -40,7 +40,10 @@ class JobBook:
         self.jobs: dict[str, JobRecord] = {}
         self.counts: Counter[JobState] = Counter()
         self.queue: JobQueue[JobRecord] = JobQueue(
-            category=lambda j: j.category, alive=lambda j: j.phase is Phase.QUEUED
+            category=lambda j: j.category,
+            alive=lambda j: j.phase is Phase.QUEUED,
+            priority=lambda j: j.request.priority,
+            order=lambda j: int(j.id),
         )
         #: Jobs in BLOCKED: waiting for their dependencies or a <Hold> release.
         self.blocked: dict[str, JobRecord] = {}

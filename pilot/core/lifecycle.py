@@ -130,6 +130,21 @@ class Lifecycle(Part):
             self.outbox.withdraws[plan.node].append([plan.order.job_id, slot])
             room -= len(plan.order.cores)
 
+    def yield_to(self, priority: int, *, among: list[str]) -> None:
+        """Ask back the orders waiting behind busy cores at agents (``among``: those sent before a job of
+        ``priority`` was sent behind them or left waiting) whose priority is below it: they queue again,
+        behind it, and keep their turn in their own priority. An agent that already started one ignores
+        the request."""
+        for job_id in among:
+            job = self.book.jobs.get(job_id)
+            if job is None or job.phase is not Phase.BEHIND or job.request.priority >= priority:
+                continue
+            if len(job.run.processes) != 1:
+                continue
+            (slot, plan) = next(iter(job.run.processes.items()))
+            self.book.move(job, Phase.WITHDRAWING)
+            self.outbox.withdraws[plan.node].append([plan.order.job_id, slot])
+
     # -- in -------------------------------------------------------------------------------------------
 
     def on_process_event(self, agent: AgentRecord, ev: TaskEvent) -> None:

@@ -1,5 +1,7 @@
-"""One scheduling pass: the queue's category heads, oldest first, placed on the allocations' free
-slots (or, for the short-task shape, behind a busy core), until a head does not fit."""
+"""One scheduling pass: the queue's category heads, highest priority and oldest first, placed on the
+allocations' free slots (or, for the short-task shape, behind a busy core), until a head does not fit.
+A head that has not fitted for ``pilot.reserve_after`` seconds holds the queue: nothing behind it starts
+until it has (reservation of the head job), so a large job is never starved by smaller ones."""
 
 from __future__ import annotations
 
@@ -14,9 +16,12 @@ class Scheduler(Part):
     def __init__(self, state: CoreState, *, lifecycle: Lifecycle) -> None:
         super().__init__(state)
         self.lifecycle = lifecycle
+        #: The job the queue holds for (see the module's docstring), as of the last pass; None: none.
+        self.reserved: JobRecord | None = None
 
     def run(self) -> None:
         queue = self.book.queue
+        self.reserved = None
         if not len(queue) or not self.nodes.slots or self.allocations.stopping:
             return
         # One pass per allocation (a job runs inside one); its category cursors stay valid for the pass.
@@ -29,6 +34,12 @@ class Scheduler(Part):
         open_ended = all(held.allocation.walltime is None for held, _ in passes)
         kinds = {held.site.lrm.kind for held, _ in passes}
         start = self.lifecycle.start
+        reserve_after = self.config.pilot.reserve_after
+        # With priorities in use: orders already waiting behind busy cores, and the highest priority sent
+        # behind them (or left waiting in the queue) by this pass -- lower ones ahead of it are asked back.
+        earlier = list(self.book.behind) if queue.prioritized else None
+        top: int | None = None
+        left: int | None = None  # the highest priority left waiting in the queue by this pass
         for category, _ in queue.heads():
             while (job := queue.peek(category)) is not None:
                 request = job.request
@@ -42,16 +53,30 @@ class Scheduler(Part):
                     if (placed := p.place(job.id, request)) is not None:
                         break
                 else:
-                    if behind:  # no room now in any allocation: a short task may wait behind a busy core
+                    # No room now in any allocation: a short task may wait behind a busy core, unless a
+                    # job of a higher priority waits in the queue (it would start after this one).
+                    if behind and (left is None or request.priority >= left):
                         for _, p in eligible:
                             if (placed := p.place_behind(request, depth=behind)) is not None:
                                 break
+                        if placed is not None and earlier and top is None:
+                            top = request.priority
                 if placed is not None:
                     start(job, placed)
                     continue
                 if self.allocations.may_run_later(duration, needs=needs, now=now):
+                    if left is None:
+                        left = request.priority
+                    if top is None:
+                        top = request.priority
+                    if reserve_after and now - job.submitted >= reserve_after:
+                        self.reserved = job
                     break
                 self._never_starts(job, now=now)
+            if self.reserved is not None:
+                break
+        if earlier and top is not None:
+            self.lifecycle.yield_to(top, among=earlier)
 
     def _never_starts(self, job: JobRecord, *, now: float) -> None:
         """It cannot finish before any allocation ends, and no later allocation will come."""

@@ -19,7 +19,7 @@ from pilot.model.sss import EffectiveJob, EffectiveTaskGroup, Job, JobGroup, Sss
 from pilot.model.sss.execution import rlimit_settings, streams
 from pilot.model.sss.job import merge
 from pilot.model.sss.psij import description
-from pilot.request import Request, Submission
+from pilot.request import PRIORITY_LIMIT, Request, Submission
 from pilot.scheduler.cluster import Cluster
 from pilot.scheduler.distribution import resolve_job
 
@@ -92,7 +92,16 @@ def prepare(job: Job, cluster: Cluster) -> Request:
         dependencies=tuple(props.dependencies),
         hold=bool(props.holds),
         shown=job,
+        priority=_priority(props.integer("Priority"), where=eff.where),
     )
+
+
+def _priority(value: int | None, *, where: str) -> int:
+    if value is None:
+        return 0
+    if not -PRIORITY_LIMIT <= value <= PRIORITY_LIMIT:
+        raise SssError(f"<Priority> must be from {-PRIORITY_LIMIT} to {PRIORITY_LIMIT}, not {value}", element=where)
+    return value
 
 
 def _group(job: EffectiveJob, tg: EffectiveTaskGroup) -> GroupLaunch:

@@ -213,7 +213,7 @@ JOB_PROPERTIES: Final[Mapping[str, ElementSpec]] = {
         _e("NodeCount", Kind.INTEGER, categories=_RD, acted=True),
         _e("OperatingSystem", categories=_RD, acted=True),
         _e("Partition", categories=_RD, acted=True),
-        _e("Priority", Kind.INTEGER),
+        _e("Priority", Kind.INTEGER, acted=True),
         _e("QualityOfService", categories=_RD, acted=True),
         _e("Queue", categories=_RD, acted=True),
         _e("Quote"),
