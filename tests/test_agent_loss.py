@@ -145,6 +145,30 @@ def test_restartable_job_moves_to_another_node_once(
     fixed.wait(timeout=20)
 
 
+def test_an_sss_restartable_job_moves_to_another_node(
+    start_pilot: Callable[..., Pilot], tmp_path: Path, orphans: list[psutil.Process]
+) -> None:
+    """SSS <Restartable>true</Restartable> is acted on as pilot.restartable is (issue 20: it was ignored)."""
+    p = start_pilot(CONFIG)
+    ex = p.executor()
+    agents_active(ex, 3)
+    script = tmp_path / "sleeper.sh"
+    script.write_text(f"#!/bin/sh\necho $$ >> {tmp_path / 'sss'}\nexec sleep 60\n")
+    script.chmod(0o755)
+    (job,) = ex.submit_sss(f"<Job><Executable>{script}</Executable><Restartable>true</Restartable></Job>")
+    reach(job, psij.JobState.ACTIVE)
+    first = read_pid(tmp_path / "sss")
+    agent, node = _agent_of(first)
+    orphans.append(first)
+    os.kill(agent.pid, signal.SIGKILL)
+    wait_for(lambda: len(_pids(tmp_path / "sss")) == 2, 15, "the restartable SSS job to start again")
+    second = psutil.Process(_pids(tmp_path / "sss")[1])
+    assert _agent_of(second)[1] != node and job.status.state is psij.JobState.ACTIVE
+    ex.cancel(job)
+    status = job.wait(timeout=20)
+    assert status is not None and status.state is psij.JobState.CANCELED
+
+
 def test_retries_zero_fails_on_node_loss(
     start_pilot: Callable[..., Pilot], tmp_path: Path, orphans: list[psutil.Process]
 ) -> None:

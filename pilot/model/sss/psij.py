@@ -15,7 +15,7 @@ import json
 import shlex
 from typing import Any, Final
 
-from pilot.model.job_description import DescriptionError, JobDescription, ResourceRequest
+from pilot.model.job_description import RESTARTABLE, DescriptionError, JobDescription, ResourceRequest
 from pilot.model.sss.errors import SssError
 from pilot.model.sss.job import (
     EffectiveJob,
@@ -139,6 +139,9 @@ def description(
     p = tg.properties
     export = p.export_environment
     custom: dict[str, Any] = p.custom_attributes
+    restartable = job.properties.text("Restartable")
+    if restartable is not None and RESTARTABLE not in custom:
+        custom = {**custom, RESTARTABLE: restartable.strip().lower() in ("true", "1")}
     duration = job.properties.duration
     d = JobDescription(
         executable=p.executable or "",

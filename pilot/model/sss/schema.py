@@ -220,7 +220,7 @@ JOB_PROPERTIES: Final[Mapping[str, ElementSpec]] = {
         _e("Reservation", categories=_RD, acted=True),  # inferred
         _e("ReservationTime", Kind.DATETIME),
         _e("ResourceManagerType", categories=_RD, acted=True),
-        _e("Restartable", Kind.BOOLEAN),
+        _e("Restartable", Kind.BOOLEAN, acted=True),
         _e("Shell", unsupported="a Shell to interpret the job is not supported; make the shell the Executable"),
         _e("StagedTime", Kind.DATETIME),
         _e("StartCount", Kind.INTEGER),
