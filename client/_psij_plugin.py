@@ -99,9 +99,9 @@ class PilotJobExecutor(psij.JobExecutor):
         try:
             status = self._backend.attach(str(native_id), lambda raw: self._apply(job, raw))
         except InvalidJobException as exc:
-            job.executor = None
-            job._native_id = None
-            raise psij.InvalidJobException(exc.message) from None
+            # The specification: a job that cannot be attached (unknown id, purged) moves to FAILED.
+            self._deliver(job, psij.JobStatus(psij.JobState.FAILED, message=f"cannot attach: {exc.message}"))
+            return
         except SubmitException as exc:
             job.executor = None
             job._native_id = None

@@ -242,15 +242,23 @@ class JobExecutor:
         return self._backend.list()
 
     def attach(self, job: Job, native_id: str) -> None:
+        """PSI/J's attach: ``job`` (NEW, else InvalidJobException) follows the pilot's job ``native_id``
+        from now on, its spec discarded. A job the pilot cannot find (never given out, or purged with
+        a journal started afresh) moves the Job to FAILED saying so, as the specification asks; only a
+        pilot that cannot be reached raises (SubmitException)."""
         if job.status.state is not JobState.NEW:
-            raise InvalidStateException(f"job {job.id} is not new; attach needs a fresh Job")
-
+            raise InvalidJobException(f"job {job.id} is {job.status.state}; attach needs a NEW job")
+        job.spec = None  # the specification: whatever the passed Job held is discarded
         job._native_id = str(native_id)
         job.executor = self
         try:
             status = self._backend.attach(str(native_id), lambda s: _apply(job, s))
+        except InvalidJobException as exc:
+            job._set_status(JobStatus(JobState.FAILED, time=time.time(), message=f"cannot attach: {exc.message}"))
+            return
         except BaseException:
             job.executor = None
+            job._native_id = None
             raise
         _apply(job, status)
 

@@ -247,13 +247,14 @@ def test_attach_from_a_second_executor_instance(start_pilot: Any, executors: Exe
     assert final(running).state == psij.JobState.COMPLETED
     assert rec.final.wait(WAIT.total_seconds())
     assert rec.states == [psij.JobState.QUEUED, psij.JobState.ACTIVE, psij.JobState.COMPLETED]
-    # Attach needs a NEW job, and an id the pilot gave out.
+    # Attach needs a NEW job (InvalidJobException, the specification's); an id the pilot cannot find
+    # moves the job to FAILED, saying so (it does not raise).
     with pytest.raises(psij.InvalidJobException):
         ex2.attach(follower, str(running.native_id))
     unknown = psij.Job()
-    with pytest.raises(psij.InvalidJobException):
-        ex2.attach(unknown, "no-such-job")
-    assert unknown.status.state == psij.JobState.NEW and unknown.executor is None
+    ex2.attach(unknown, "no-such-job")
+    assert unknown.status.state == psij.JobState.FAILED and unknown.native_id == "no-such-job"
+    assert "cannot attach" in str(unknown.status.message) and "no-such-job" in str(unknown.status.message)
 
 
 def test_list_contains_the_id_right_after_submit(start_pilot: Any, executors: Executors, tmp_path: Path) -> None:

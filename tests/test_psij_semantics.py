@@ -649,7 +649,7 @@ def test_attach_from_fresh_executor(start_pilot, tmp_path: Path) -> None:
     follower.set_job_status_callback(rec)
     fresh.attach(follower, str(running.native_id))
     assert follower.status.state is JobState.ACTIVE
-    with pytest.raises(psij.InvalidStateException):
+    with pytest.raises(psij.InvalidJobException):  # the specification's exception for a job not NEW
         fresh.attach(follower, str(running.native_id))
     gate.touch()
     st = final(follower)
@@ -657,9 +657,13 @@ def test_attach_from_fresh_executor(start_pilot, tmp_path: Path) -> None:
     assert final(running).state is JobState.COMPLETED
     assert rec.done.wait(WAIT)
     assert rec.states() == [JobState.QUEUED, JobState.ACTIVE, JobState.COMPLETED]
-    # An id the pilot never gave out.
-    with pytest.raises(psij.InvalidJobException):
-        fresh.attach(psij.Job(), "no-such-job-4711")
+    # An id the pilot never gave out: the job moves to FAILED, saying why (it does not raise), and
+    # whatever spec the passed Job held is discarded.
+    unknown = psij.Job(psij.JobSpec(executable="/bin/true"))
+    fresh.attach(unknown, "no-such-job-4711")
+    assert unknown.status.state is JobState.FAILED and unknown.native_id == "no-such-job-4711"
+    assert "no-such-job-4711" in str(unknown.status.message) and unknown.spec is None
+    assert final(unknown).state is JobState.FAILED  # wait() returns at once
 
 
 def test_attached_cancel_reaches_the_process(start_pilot, tmp_path: Path) -> None:
