@@ -8,14 +8,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
 from pilot.config import AllocationSettings, AutoscaleSettings
 from pilot.lrm.base import Allocation, AllocationState, LrmExecutor
+from pilot.model.job_description import JobDescription
 
 log = structlog.get_logger("pilot.allocations")
+
+
+#: PSI/J job fields that name where a job may run, matched against a site's options (``job_fields``).
+SITE_FIELDS: Final = ("queue_name", "project_name", "reservation_id")
+
+
+def site_fields(description: JobDescription) -> list[tuple[str, str]]:
+    """The (field, value) pairs of :data:`SITE_FIELDS` a job sets: none for most jobs."""
+    return [(f, v) for f in SITE_FIELDS if (v := getattr(description, f)) is not None]
 
 
 @dataclass(slots=True, eq=False)
@@ -28,6 +38,10 @@ class Site:
     @property
     def name(self) -> str:
         return self.settings.name
+
+    def serves(self, fields: list[tuple[str, str]]) -> bool:
+        """Its allocations have every one of these job fields' values (queue, project, reservation)."""
+        return all(self.lrm.offers(f) == v for f, v in fields)
 
     def could_take(self, duration: float | None, needs: str | None) -> bool:
         """A new allocation of this site could run a job of this duration whose launcher needs ``needs``."""

@@ -106,11 +106,17 @@ class Request:
 
     @property
     def category(self) -> Hashable:
-        """Jobs of equal categories are placed alike: the queue keeps one head per category."""
+        """Jobs of equal categories are placed alike: the queue keeps one head per category. A job that
+        names a queue, project or reservation may run in fewer allocations: its own category."""
         if self.slots is not None:
-            return self.slots.category
-        assert self.resolved is not None
-        return self.resolved.category
+            category: Hashable = self.slots.category
+        else:
+            assert self.resolved is not None
+            category = self.resolved.category
+        d = self.description
+        if d.queue_name is None and d.project_name is None and d.reservation_id is None:
+            return category
+        return (category, d.queue_name, d.project_name, d.reservation_id)
 
     def launchers(self) -> list[tuple[str, str]]:
         """Each launcher it needs, with where the request named it (for messages)."""

@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pilot_waits import agents_active, list_when_back, wait_for
 from slurm_fixture import slurm_cluster  # noqa: F401 - the session fixture
 
@@ -53,6 +54,13 @@ def test_slurm_pilot_runs_ranks_on_both_nodes_and_fails_jobs_when_cancelled(
     )
     assert sorted(w.split("-")[1] for w in seen) == ["0", "1", "2", "3"], seen  # every rank printed
     assert collections.Counter(w.split("-")[2] for w in seen) == {"node1": 2, "node2": 2}, seen  # 2 per node
+    # A job naming the pilot's partition runs; another partition is refused, saying what the pilot has.
+    debug = psij.JobAttributes(queue_name="debug")
+    assert _run(ex, tmp_path / "q.out", "single", psij.ResourceSpecV1(), "echo in-debug", attributes=debug) == [
+        "in-debug"
+    ]
+    with pytest.raises(psij.InvalidJobException, match=r"queue_name = 'batch'.*\(slurm\): partition 'debug'"):
+        ex.submit(psij.Job(psij.JobSpec("/bin/true", attributes=psij.JobAttributes(queue_name="batch"))))
     jobs = [psij.Job(psij.JobSpec("/bin/true")) for _ in range(500)]
     for job in jobs:
         ex.submit(job)

@@ -715,3 +715,16 @@ def test_executor_callback_object_interface(start_pilot) -> None:
     assert final(job).state is JobState.COMPLETED
     assert done.wait(WAIT)
     assert seen == [JobState.QUEUED, JobState.ACTIVE, JobState.COMPLETED]
+
+
+def test_queue_project_and_reservation_are_checked_not_dropped(start_pilot) -> None:
+    """A local pilot has no queue, project or reservation: a job naming one is refused at submit, saying
+    so (issue 20: they were silently dropped)."""
+    ex = start_pilot().executor()
+    for attrs in (
+        psij.JobAttributes(queue_name="debug"),
+        psij.JobAttributes(project_name="chem"),
+        psij.JobAttributes(reservation_id="r42"),
+    ):
+        with pytest.raises(psij.InvalidJobException, match=r"no allocation of this pilot runs there \(site 'main'"):
+            ex.submit(psij.Job(psij.JobSpec("/bin/true", attributes=attrs)))

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from pilot.allocations import Site, site_fields
 from pilot.core.state import CoreState, Part
 from pilot.frontends import compile_entry, is_document
 from pilot.jobs import JobRecord
 from pilot.launchers import LAUNCHERS
 from pilot.model.job_description import DescriptionError
+from pilot.request import Request
 
 #: Why a job whose client gave up on its submit does not run (refused, or canceled if it was accepted).
 ABANDONED = "withdrawn: its client gave up waiting for the pilot's answer to its submit"
@@ -141,6 +143,7 @@ class Admission(Part):
                 graphed = graphed or bool(request.dependencies or request.local_id)
                 for launcher, named_by in request.launchers():
                     self._check_launcher(launcher, what=named_by)
+                self._check_sites(request)
                 never = self.nodes.never_fits(request)
                 if never:
                     where = request.where or "the job"
@@ -172,6 +175,24 @@ class Admission(Part):
             return {"ids": [job.id for job in records], "warnings": submission.warnings, "time": now}
         return {"id": records[0].id, "time": now}
 
+    def _check_sites(self, request: Request) -> None:
+        """A job naming a queue, project or reservation (PSI/J ``queue_name``, ``project_name``,
+        ``reservation_id``; SSS <Queue>, <Project>, <Reservation>) runs only in allocations of sites that
+        have it; none: refused, saying what each site has."""
+        d = request.description
+        if d.queue_name is None and d.project_name is None and d.reservation_id is None:
+            return
+        fields = site_fields(d)
+        sites = self.allocations.sites
+        if any(site.serves(fields) for site in sites):
+            return
+        asked = ", ".join(f"JobAttributes.{f} = {v!r}" for f, v in fields)
+        have = "; ".join(f"site {site.name!r} ({site.lrm.kind}): " + _offered(site, fields) for site in sites)
+        raise DescriptionError(
+            f"{asked}: no allocation of this pilot runs there ({have}); leave it unset (the pilot places the job "
+            "in its own allocations) or give the pilot a site with it"
+        )
+
     def _check_launcher(self, launcher: str, *, what: str) -> None:
         """A launcher that needs another batch system (srun outside Slurm) is refused at submit."""
         if launcher not in LAUNCHERS:
@@ -187,3 +208,18 @@ class Admission(Part):
                 f"{what} {launcher!r} needs a {needs.capitalize()} allocation, and this pilot's "
                 f"{'are' if len(kinds) > 1 else 'is'} {' and '.join(map(repr, kinds))}; use 'multiple' or 'mpirun'"
             )
+
+
+def _offered(site: Site, fields: list[tuple[str, str]]) -> str:
+    """What a site's allocations have for these job fields, in its batch system's words."""
+    parts = []
+    for f, _ in fields:
+        key = site.lrm.job_fields.get(f)
+        value = site.lrm.offers(f)
+        if key is None:
+            parts.append(f"no {f.split('_')[0]}s")
+        elif value is None:
+            parts.append(f"no {key} set")
+        else:
+            parts.append(f"{key} {value!r}")
+    return ", ".join(parts)

@@ -5,6 +5,7 @@ until it has (reservation of the head job), so a large job is never starved by s
 
 from __future__ import annotations
 
+from pilot.allocations import site_fields
 from pilot.core.lifecycle import Lifecycle
 from pilot.core.state import CoreState, Part
 from pilot.jobs import JobRecord
@@ -48,6 +49,10 @@ class Scheduler(Part):
                 eligible = passes
                 if not ((open_ended or duration is None) and (needs is None or kinds == {needs})):
                     eligible = [(h, p) for h, p in passes if h.takes(duration, needs, now=now)]
+                d = request.description
+                if d.queue_name is not None or d.project_name is not None or d.reservation_id is not None:
+                    fields = site_fields(d)  # it runs only where its queue, project or reservation is
+                    eligible = [(h, p) for h, p in eligible if h.site.serves(fields)]
                 placed: Placed | None = None
                 for _, p in eligible:
                     if (placed := p.place(job.id, request)) is not None:

@@ -87,12 +87,23 @@ class Allocation:
 
 class LrmExecutor(ABC):
     kind: ClassVar[str]
+    #: PSI/J job fields this batch system's allocations have an option for: field -> option key (Slurm:
+    #: ``queue_name`` -> ``partition``). A job naming one runs only in allocations of sites whose option
+    #: holds that value.
+    job_fields: ClassVar[dict[str, str]] = {}
 
     def __init__(self, *, options: dict[str, Any], source: str, table: str = "allocation") -> None:
         self.options = options
         self.source = source
         #: The config table the options come from (``allocation``, ``sites.NAME``): errors name keys there.
         self.table = table
+
+    def offers(self, field: str) -> str | None:
+        """The value this site's allocations have for a PSI/J job field (``queue_name``, ...), or None."""
+        key = self.job_fields.get(field)
+        opts: dict[str, Any] = getattr(self, "opts", {})
+        value = opts.get(key) if key is not None else None
+        return str(value) if value else None
 
     def validate(self, *, nodes: int) -> None:
         """Raise ConfigError for a request this LRM can never satisfy, before anything is started.

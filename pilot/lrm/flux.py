@@ -70,6 +70,7 @@ class FluxExecutor(BatchExecutor):
     prefix: ClassVar[str] = "#flux:"
     cancel_command: ClassVar[str] = "flux cancel"
     commands: ClassVar[tuple[str, ...]] = ("flux",)
+    job_fields: ClassVar[dict[str, str]] = {"queue_name": "queue", "project_name": "account"}
     own_options: ClassVar[dict[str, Option]] = {
         "queue": Option("str", "queue (flux batch --queue)"),
         "account": Option("str", "flux-accounting bank charged (--setattr=system.bank=...)"),

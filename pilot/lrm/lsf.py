@@ -56,6 +56,7 @@ class LsfExecutor(BatchExecutor):
     prefix: ClassVar[str] = "#BSUB"
     cancel_command: ClassVar[str] = "bkill"
     commands: ClassVar[tuple[str, ...]] = ("bsub", "bjobs", "bkill")
+    job_fields: ClassVar[dict[str, str]] = {"queue_name": "queue", "project_name": "project"}
     own_options: ClassVar[dict[str, Option]] = {
         "queue": Option("str", "queue (bsub -q)"),
         "project": Option("str", "project charged (bsub -P)"),

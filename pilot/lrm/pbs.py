@@ -61,6 +61,7 @@ class PbsExecutor(BatchExecutor):
     cancel_command: ClassVar[str] = "qdel"
     commands: ClassVar[tuple[str, ...]] = ("qsub", "qstat", "qdel")
     env_in_file: ClassVar[bool] = True
+    job_fields: ClassVar[dict[str, str]] = {"queue_name": "queue", "project_name": "project"}
     own_options: ClassVar[dict[str, Option]] = {
         "flavor": Option("choice", "pbspro (PBS Pro, OpenPBS) or torque", "pbspro", choices=("pbspro", "torque")),
         "queue": Option("str", "queue (qsub -q); a PBS Pro reservation is its queue, e.g. 'R1234'"),

@@ -61,6 +61,7 @@ class SgeExecutor(BatchExecutor):
     cancel_command: ClassVar[str] = "qdel"
     commands: ClassVar[tuple[str, ...]] = ("qsub", "qstat", "qdel")
     env_in_file: ClassVar[bool] = True
+    job_fields: ClassVar[dict[str, str]] = {"queue_name": "queue", "project_name": "project"}
     own_options: ClassVar[dict[str, Option]] = {
         "pe": Option("str", "parallel environment (qsub -pe); it must have control_slaves TRUE"),
         "slots_per_node": Option("int", "slots asked per node: the job asks for nodes x this many", 1, minimum=1),

@@ -119,6 +119,11 @@ class SlurmExecutor(BatchExecutor):
     cancel_command: ClassVar[str] = "scancel"
     commands: ClassVar[tuple[str, ...]] = ("sbatch", "squeue", "scancel")
     uses_agent_script: ClassVar[bool] = False
+    job_fields: ClassVar[dict[str, str]] = {
+        "queue_name": "partition",
+        "project_name": "account",
+        "reservation_id": "reservation",
+    }
     own_options: ClassVar[dict[str, Option]] = {
         "partition": Option("str", "partition (sbatch --partition); default: the cluster's default partition"),
         "account": Option("str", "account charged (sbatch --account)"),
