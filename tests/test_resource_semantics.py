@@ -1,6 +1,6 @@
 """Resource requests that are enforced as asked (issue 20), on a real local pilot of three virtual nodes
 whose agents heartbeat: static node facts, requestable NO / FORCED, a consumable's default, the SGE
-override rules at 'pilot up', Disk/Swap/Network and typed resources.
+override rules at 'pilot up', Disk/Swap/Network and typed resources, and requirements on PSI/J jobs.
 Each task records the node that really started it (the agent's own name, PILOT_NODE)."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, Pilot
 from pilot_waits import wait_for
+
+import client as psij
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -237,3 +239,81 @@ def test_disk_swap_network_and_typed_resources(start_pilot: Callable[..., Pilot]
     assert nodes_used(work, "sz") == ["local-1"] and nodes_used(work, "lic") == ["local-1"]
     with pytest.raises(SubmitRefused, match="Disk"):
         submit(pilot, work, '<Disk units="GB">200</Disk>')
+
+
+def psij_job(work: Path, prefix: str, requirements: dict[str, object], *, stop: str = "") -> psij.Job:
+    """A PSI/J job running record.sh with ``pilot.*`` custom attributes."""
+    return psij.Job(
+        psij.JobSpec(
+            executable=str(work / "record.sh"),
+            arguments=[prefix, *([stop] if stop else [])],
+            directory=str(work),
+            attributes=psij.JobAttributes(custom_attributes=dict(requirements)),
+        )
+    )
+
+
+def test_psij_job_requiring_a_feature_runs_only_where_it_is(pilot: Pilot, work: Path) -> None:
+    """What to add 1: ``pilot.feature`` on submit, submit_all and pipelined submit: every task on local-2,
+    the only node with feature 'big', as the task itself sees it."""
+    ex = pilot.executor()
+    one = psij_job(work, "one", {"pilot.feature": "big"})
+    ex.submit(one)
+    many = [psij_job(work, "many", {"pilot.feature": "big"}) for _ in range(3)]
+    ex.submit_all(many)
+    piped = [psij_job(work, "piped", {"pilot.feature": "big", "pilot.os": "Linux*"}) for _ in range(3)]
+    pipelined = pilot.executor(pipelined=True)
+    for job in piped:
+        pipelined.submit(job)
+    wide = psij.Job(
+        psij.JobSpec(
+            executable=str(work / "record.sh"),
+            arguments=["wide"],
+            directory=str(work),
+            launcher="multiple",
+            resources=psij.ResourceSpecV1(process_count=2),
+            attributes=psij.JobAttributes(custom_attributes={"pilot.node": "local-[1-2]", "pilot.feature": "big"}),
+        )
+    )
+    ex.submit(wide)
+    for job in [one, *many, *piped, wide]:
+        assert job.wait(timeout=60).state is psij.JobState.COMPLETED, job.status
+    for prefix, count in (("one", 1), ("many", 3), ("piped", 3), ("wide", 2)):
+        assert nodes_used(work, prefix) == ["local-2"] * count, (prefix, nodes_used(work, prefix))
+
+
+def test_psij_soft_preference_moves_jobs_to_the_preferred_node_while_it_has_room(pilot: Pilot, work: Path) -> None:
+    """``pilot.prefer.feature``: the two jobs that fit go to local-2 (feature 'big', 2 cores); the third
+    runs elsewhere instead of waiting."""
+    ex = pilot.executor()
+    stop = str(work / "stop")
+    first = [psij_job(work, "pref", {"pilot.prefer.feature": "big"}, stop=stop) for _ in range(2)]
+    for job in first:
+        ex.submit(job)
+    wait_for(lambda: len(nodes_used(work, "pref")) == 2, timeout=30, what="two preferring jobs running")
+    assert nodes_used(work, "pref") == ["local-2", "local-2"]
+    third = psij_job(work, "other", {"pilot.prefer.feature": "big"}, stop=stop)
+    ex.submit(third)
+    wait_for(lambda: nodes_used(work, "other"), timeout=30, what="the third job running")
+    assert nodes_used(work, "other") == ["local-1"]  # local-0 offers a FORCED token it does not ask for
+    (work / "stop").touch()
+    for job in [*first, third]:
+        assert job.wait(timeout=60).state is psij.JobState.COMPLETED
+
+
+def test_psij_bad_requirement_is_an_invalid_job_naming_the_attribute(pilot: Pilot, work: Path) -> None:
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"pilot.colour": "red"}, r"custom_attributes\['pilot.colour'\]: is not a pilot requirement"),
+        ({"pilot.attribute.num_proc": ">="}, r"\['pilot.attribute.num_proc'\]: '>=' has no value"),
+        ({"pilot.attribute.nosuch": "1"}, r"\['pilot.attribute.nosuch'\]: .*no attribute 'nosuch'"),
+        ({"pilot.node_match": "(["}, r"\['pilot.node_match'\]: .*not a valid regular expression"),
+        ({"pilot.resource.seat": 1}, r"\['pilot.resource.seat'\]: seat cannot be requested"),
+        ({"pilot.disk": "lots"}, r"\['pilot.disk'\]: 'lots' is not a size"),
+        ({"pilot.prefer.disk": "1G"}, r"\['pilot.prefer.disk'\]: a preference names a node kind"),
+        ({"pilot.feature": "none-has-it"}, "can never run in this allocation"),
+    ]
+    ex = pilot.executor()
+    for requirements, message in cases:
+        with pytest.raises(psij.InvalidJobException, match=message):
+            ex.submit(psij_job(work, "bad", requirements))
+    assert ex.list() == []

@@ -1,10 +1,13 @@
 """The PSI/J front-end: one JobDescription in its wire form (what the client's JobSpec becomes) compiled
-to a one-group :class:`~pilot.request.Request`; dependencies come from its ``depends_on`` attribute."""
+to a one-group :class:`~pilot.request.Request`; dependencies come from its ``depends_on`` attribute,
+node requirements and preferences from its ``pilot.*`` ones."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pilot.frontends import psij_requirements
+from pilot.launchers.base import GroupLaunch, TaskLaunch
 from pilot.model.job_description import JobDescription
 from pilot.request import Request, Submission
 from pilot.scheduler.cluster import Cluster
@@ -15,7 +18,7 @@ def compile_entry(raw: Any, *, cluster: Cluster) -> Submission:
     """Raises DescriptionError naming the field at fault. ``raw`` is what the journal keeps: from_wire
     accepted it."""
     description = JobDescription.from_wire(raw)
-    request = Request.of_description(description)
+    request = _request(description, cluster)
     custom = description.custom_attributes
     if DEPENDS_ON in custom:
         request.dependencies = tuple(dependencies_from_custom(custom))
@@ -24,7 +27,17 @@ def compile_entry(raw: Any, *, cluster: Cluster) -> Submission:
 
 def rebuild(description: JobDescription, extra: dict[str, Any], *, cluster: Cluster) -> Request:
     """A journaled job (its dependency edges are restored from the journal, not from here)."""
-    return Request.of_description(description)
+    return _request(description, cluster)
+
+
+def _request(description: JobDescription, cluster: Cluster) -> Request:
+    """Slot placement, or matching when ``pilot.*`` custom attributes ask for nodes (see
+    :mod:`pilot.frontends.psij_requirements`)."""
+    if not psij_requirements.has_requirements(description.custom_attributes):
+        return Request.of_description(description)
+    resolved = psij_requirements.resolve(description, cluster)
+    group = GroupLaunch(description.launcher, TaskLaunch(description))
+    return Request(description, (group,), resolved=resolved, name=description.name)
 
 
 __all__ = ["compile_entry", "rebuild"]
