@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from pilot.config import ConfigError, parse_size
-from pilot.model.job_description import DescriptionError, JobDescription
+from pilot.model.job_description import RESTARTABLE, RETRIES, DescriptionError, JobDescription
 from pilot.model.sss import Property, SssError, effective_jobs
 from pilot.model.sss.job import Properties
 from pilot.model.sss.psij import to_sss
@@ -40,6 +40,8 @@ from pilot.scheduler.distribution import JobRequest, resolve_job
 from pilot.scheduler.matching import compile_requirements
 
 PREFIX: Final = "pilot."
+#: ``pilot.*`` custom attributes other parts of the pilot act on (not requirements): add a new one here.
+OTHER_KEYS: Final = frozenset({RESTARTABLE, RETRIES})
 #: Node kinds, which may also be preferences: key -> how its value becomes an SSS property.
 NODE_KINDS: Final = ("feature", "feature_match", "node", "node_match", "architecture", "os")
 SIZES: Final = {"disk": "Disk", "swap": "Swap", "network": "Network"}
@@ -50,7 +52,7 @@ _MAX_TEXT: Final = 4096
 
 
 def has_requirements(custom: Mapping[str, Any]) -> bool:
-    return any(k.startswith(PREFIX) for k in custom)
+    return any(k.startswith(PREFIX) and k not in OTHER_KEYS for k in custom)
 
 
 def resolve(description: JobDescription, cluster: Cluster) -> JobRequest:
@@ -59,7 +61,7 @@ def resolve(description: JobDescription, cluster: Cluster) -> JobRequest:
     items: list[Property] = []
     requested: list[Property] = []
     for key, value in sorted(description.custom_attributes.items()):
-        if not key.startswith(PREFIX):
+        if not key.startswith(PREFIX) or key in OTHER_KEYS:
             continue
         where = f"JobAttributes.custom_attributes[{key!r}]"
         try:
@@ -172,4 +174,4 @@ def _size(value: Any, where: str) -> int:
         raise ValueError(f"{value!r} is not a size: give bytes or a size such as '512M' or '10G'") from None
 
 
-__all__ = ["PREFIX", "has_requirements", "resolve"]
+__all__ = ["OTHER_KEYS", "PREFIX", "has_requirements", "resolve"]
