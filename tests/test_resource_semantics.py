@@ -317,3 +317,27 @@ def test_psij_bad_requirement_is_an_invalid_job_naming_the_attribute(pilot: Pilo
         with pytest.raises(psij.InvalidJobException, match=message):
             ex.submit(psij_job(work, "bad", requirements))
     assert ex.list() == []
+
+
+def test_psij_requirements_survive_a_daemon_restart(pilot: Pilot, work: Path) -> None:
+    """kill -9 of the daemon while a job requiring 'big' runs and another waits behind it: after 'pilot up'
+    on the same run directory both are rebuilt with their requirements and run on local-2 only."""
+    ex = pilot.executor()
+    stop = str(work / "stop")
+    running = psij_job(work, "rs", {"pilot.feature": "big"}, stop=stop)
+    waiting = psij_job(
+        work,
+        "rw",
+        {"pilot.feature": "big"},
+    )
+    waiting.spec.resources = psij.ResourceSpecV1(process_count=2)  # type: ignore[union-attr]
+    waiting.spec.launcher = "multiple"  # type: ignore[union-attr]
+    ex.submit(running)
+    wait_for(lambda: nodes_used(work, "rs"), timeout=30, what="the first job running")
+    ex.submit(waiting)  # 2 processes: local-2 has one core left until the first ends
+    pilot.kill9()
+    pilot.up_again()
+    (work / "stop").touch()
+    assert running.wait(timeout=60).state is psij.JobState.COMPLETED
+    assert waiting.wait(timeout=60).state is psij.JobState.COMPLETED
+    assert nodes_used(work, "rs") == ["local-2"] and nodes_used(work, "rw") == ["local-2", "local-2"]
