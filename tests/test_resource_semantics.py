@@ -341,3 +341,20 @@ def test_psij_requirements_survive_a_daemon_restart(pilot: Pilot, work: Path) ->
     assert running.wait(timeout=60).state is psij.JobState.COMPLETED
     assert waiting.wait(timeout=60).state is psij.JobState.COMPLETED
     assert nodes_used(work, "rs") == ["local-2"] and nodes_used(work, "rw") == ["local-2", "local-2"]
+
+
+def test_plain_psij_jobs_obey_forced_attributes_and_defaults(pilot: Pilot, work: Path) -> None:
+    """A PSI/J job that names no attribute is still bound by the site's: kept off local-0 (FORCED token)
+    and taking a seat (its default) on local-1, so local-1 holds two of them at most."""
+    ex = pilot.executor()
+    stop = str(work / "stop")
+    jobs = [psij_job(work, "plain", {}, stop=stop) for _ in range(4)]
+    ex.submit_all(jobs)
+    wait_for(lambda: len(nodes_used(work, "plain")) == 4, timeout=30, what="4 plain jobs running")
+    assert nodes_used(work, "plain") == ["local-1", "local-1", "local-2", "local-2"]
+    available = node_xml(pilot, "local-1").find("Available")
+    assert available is not None
+    assert [float(r.text or -1) for r in available.findall("Resource") if r.get("name") == "seat"] == [0.0]
+    (work / "stop").touch()
+    for job in jobs:
+        assert job.wait(timeout=60).state is psij.JobState.COMPLETED

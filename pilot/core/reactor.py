@@ -322,8 +322,8 @@ class Core:
         """A resumed job's request (compiled again from the document the journal kept), dependency
         edges and Hold; why not, if it cannot be."""
         extra, job.journaled = job.journaled, None
-        if not extra and not job.description.custom_attributes:
-            return None  # a plain PSI/J job: its request is its description's (custom ones may ask for nodes)
+        if not (extra or job.description.custom_attributes or self.nodes.cluster.registry.binds_every_job):
+            return None  # a plain PSI/J job: its request is its description's ('pilot.*' may ask for nodes)
         extra = extra or {}
         book = self.book
         try:

@@ -32,8 +32,9 @@ def rebuild(description: JobDescription, extra: dict[str, Any], *, cluster: Clus
 
 def _request(description: JobDescription, cluster: Cluster) -> Request:
     """Slot placement, or matching when ``pilot.*`` custom attributes ask for nodes (see
-    :mod:`pilot.frontends.psij_requirements`)."""
-    if not psij_requirements.has_requirements(description.custom_attributes):
+    :mod:`pilot.frontends.psij_requirements`) or the site's attributes bind every job (FORCED ones,
+    consumables with a default)."""
+    if not (cluster.registry.binds_every_job or psij_requirements.has_requirements(description.custom_attributes)):
         return Request.of_description(description)
     resolved = psij_requirements.resolve(description, cluster)
     group = GroupLaunch(description.launcher, TaskLaunch(description))

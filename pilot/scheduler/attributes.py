@@ -415,6 +415,11 @@ class AttributeRegistry:
                 self._add(d)
         #: Asked for on every node a matching pass looks at: kept, not rebuilt (the set is fixed now).
         self.forced: Final = [d for d in self._by_name.values() if d.requestable is Requestable.FORCED]
+        #: Whether a job that names no attribute is still bound by one (a FORCED one keeps it off the
+        #: nodes offering it; a default is taken where offered): then every job must be matched.
+        self.binds_every_job: Final = bool(self.forced) or any(
+            d.default is not None and not d.builtin for d in self._by_name.values()
+        )
 
     def _add(self, d: AttributeDefinition) -> None:
         if d.name in self._by_name:
