@@ -2,9 +2,10 @@
 
 An attribute has a name, a shortcut, a type, a relational operator, a requestable flag, a consumable
 flag and (consumables only) a default. Values live on two levels: *global* (the whole allocation,
-e.g. a license pool) and *host* (one node; fixed values from the site config and load values the
-agent measures). Matching is strict-hierarchical as the spec says: an attribute defined on a level
-must match there; a level that lacks it is skipped; defined nowhere means the request cannot be met.
+e.g. a license pool) and *host* (one node; fixed values from the site config, the facts its agent
+registered with and the load values it measures). Matching is strict-hierarchical as the spec says:
+an attribute defined on a level must match there; a level that lacks it is skipped; defined nowhere
+means the request cannot be met.
 
 Definitions are checked against the spec's restrictions when they are made, so a bad site config
 fails at ``pilot up`` with the attribute and the fix named, not at the first matching pass.

@@ -301,7 +301,11 @@ class SchedulingPass:
             for node, tasks in plan:
                 slot = res.slots[node]
                 here = on_node(g, res, node, host)
-                task_amounts = g.per_task + tuple(sorted((k, v) for k, v in here.items() if k not in host))
+                task_amounts = (
+                    g.per_task
+                    if here is host
+                    else g.per_task + tuple(sorted(i for i in here.items() if i[0] not in host))
+                )
                 for t in tasks:
                     rank = slot.take(req)
                     if here:
