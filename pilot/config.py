@@ -143,6 +143,10 @@ _SIZE_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)?\s*$", re.
 _TIME_RE: Final = re.compile(r"^(?:(\d{1,9})-)?(\d{1,12})(?::(\d{1,12}))?(?::(\d{1,12}))?$", re.ASCII)
 _UNIT_RE: Final = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)([smhd])$", re.ASCII)
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]+")
+_CONSUMABLE_RE: Final = re.compile(r"[A-Za-z0-9_.-]+(?::[A-Za-z0-9_.-]+)?")
+#: Consumables a node may be configured with that SSS names itself (Configured Disk, Swap, Network):
+#: sizes in bytes ("100G"), matched against a task's <Disk>, <Swap>, <Network>.
+SIZED_CONSUMABLES: Final = ("Disk", "Swap", "Network")
 
 
 def load(path: Path | None) -> Config:
@@ -253,6 +257,7 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
         )
         for pattern in node_tables
     )
+    _check_overrides(global_level, node_levels, registry, source)
     return Config(
         pilot=pilot,
         allocation=main,
@@ -335,6 +340,32 @@ def _registry(table: dict[str, Any], source: str) -> Any:
         raise ConfigError(str(exc)) from None
 
 
+def _check_overrides(
+    global_level: LevelSettings, node_levels: tuple[tuple[str, LevelSettings], ...], registry: Any, source: str
+) -> None:
+    """SGE's override rules between levels: a node table may not override a global ``==``/``!=``
+    attribute, nor loosen a global ``<``/``<=``/``>``/``>=`` one (the matching is strict-hierarchical:
+    such a node value would never be the one that decides)."""
+    from pilot.scheduler.attributes import ComplexAttributeError, check_override
+
+    for pattern, level in node_levels:
+        for name, raw in level.attributes.items():
+            d = registry[name]
+            upper = next(((k, v) for k, v in global_level.attributes.items() if registry[k].name == d.name), None)
+            if upper is None:
+                continue
+            try:
+                check_override(
+                    d,
+                    d.value(upper[1]),
+                    d.value(raw),
+                    where=f"{source}: nodes.{pattern}.attributes.{name}",
+                    upper_key=f"by global.attributes.{upper[0]}",
+                )
+            except ComplexAttributeError as exc:
+                raise ConfigError(str(exc)) from None
+
+
 def _sub_table(table: dict[str, Any], key: str, prefix: str, source: str) -> dict[str, Any]:
     value = table[key]
     if not isinstance(value, dict):
@@ -371,9 +402,15 @@ def _level(table: dict[str, Any], prefix: str, source: str, registry: Any) -> Le
     capacities: dict[str, float] = {}
     for name, value in cons.items():
         key = f"{source}: {prefix}consumables.{name}"
-        if not _NAME_RE.fullmatch(name):
-            raise ConfigError(f"{key}: use letters, digits, '.', '_' or '-' in a consumable's name")
-        d = registry.get(name)
+        if not _CONSUMABLE_RE.fullmatch(name):
+            raise ConfigError(
+                f"{key}: use letters, digits, '.', '_' or '-' in a consumable's name, and 'name:type' for a typed "
+                "resource (SSS <Resource name=... type=...>)"
+            )
+        if name in SIZED_CONSUMABLES:  # SSS Disk, Swap, Network: a size, as memory is given
+            capacities[name] = float(parse_size(value, key=f"{prefix}consumables.{name}", source=source))
+            continue
+        d = registry.get(name) or registry.get(name.split(":", 1)[0])
         if d is not None and d.consumable is ConsumableKind.NO:
             raise ConfigError(f"{key}: attribute {d.name!r} is not consumable; give it under attributes instead")
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:

@@ -29,6 +29,8 @@ from pilot.scheduler.distribution import JobRequest
 _NEEDS: Final = {name: launcher.needs_lrm for name, launcher in LAUNCHERS.items()}
 
 
+#: The PSI/J custom attribute that orders the queue (higher first), as SSS <Priority> does.
+PRIORITY: Final = "pilot.priority"
 #: A job's priority is a whole number within +-this (SSS <Priority>, PSI/J ``pilot.priority``).
 PRIORITY_LIMIT: Final = 1_000_000_000
 

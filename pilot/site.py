@@ -7,15 +7,16 @@ from __future__ import annotations
 import getpass
 import socket
 
-from pilot.config import Config
+from pilot.config import SIZED_CONSUMABLES, Config
 from pilot.model.node import NodeConfigured
 from pilot.scheduler.attributes import AttributeRegistry
 from pilot.scheduler.cluster import Cluster, MatchNode
 
 
 def resource_key(name: str) -> str:
-    """A consumable's key in matching and ledgers: an SSS ``<Resource name=...>``."""
-    return "Resource:" + name
+    """A consumable's key in matching and ledgers: an SSS ``<Resource name=... [type=...]>``
+    (``name:type`` in the config), or SSS's own ``Disk``, ``Swap``, ``Network``."""
+    return name if name in SIZED_CONSUMABLES else "Resource:" + name
 
 
 def cluster(config: Config, *, lrm_kind: str) -> Cluster:

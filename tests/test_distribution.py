@@ -24,6 +24,7 @@ from pilot.scheduler.attributes import (
     ConsumableKind,
     ConsumableLedger,
     Relop,
+    Requestable,
 )
 from pilot.scheduler.cluster import Cluster, MatchNode
 from pilot.scheduler.distribution import (
@@ -417,3 +418,71 @@ def test_the_spec_examples_resolve_and_place() -> None:
     assert isinstance(group, JobGroup)
     first = w.placed(w.request(group, 0), "e1")
     assert len({t.node for t in first.tasks}) == 2  # TaskCount 2, TasksPerNode 1
+
+
+def offer(w: World, node: str, capacity: dict[str, float]) -> None:
+    """Give one node of ``w`` consumables of its own (what [nodes."<name>"] consumables does)."""
+    m = w.cluster.nodes[node]
+    m.configured.update(capacity)
+    w.cluster.touch(m)
+    w.res.ledgers[node] = ConsumableLedger.of(capacity)
+
+
+def test_requestable_no_is_refused_and_forced_keeps_other_requests_off() -> None:
+    reg = AttributeRegistry(
+        [
+            AttributeDefinition("token", "", AttributeType.INT, Relop.LE, Requestable.FORCED, ConsumableKind.SLOT),
+            AttributeDefinition("seat", "", AttributeType.INT, Relop.LE, Requestable.NO, ConsumableKind.SLOT, 1),
+        ]
+    )
+    w = World([4, 4, 4], registry=reg)
+    offer(w, "n1", {"Resource:token": 8})
+    offer(w, "n2", {"Resource:seat": 8})
+    with pytest.raises(SssError, match=r"seat cannot be requested \(requestable = NO"):
+        w.request(job(P("Resource", 1, name="seat")))
+    plain = w.placed(job(P("TaskCount", 8)), "plain")
+    assert Counter(t.node for t in plain.tasks) == {"n2": 4, "n3": 4}  # n1 offers the FORCED token
+    assert w.place(job(P("TaskCount", 1)), "more") is None
+    asking = w.placed(job(P("TaskCount", 2), P("Resource", 1, name="token")), "asking")
+    assert {t.node for t in asking.tasks} == {"n1"} and w.res.ledgers["n1"].free["Resource:token"] == 6
+    w.cluster.global_values.fixed["token"] = 1.0  # offered by the allocation as a whole: nowhere without it
+    reasons = why_not(w.request(job()), Matcher(w.cluster), w.res, idle=True)
+    assert any("3 of 3 node(s) excluded because it offers token" in r for r in reasons), reasons
+
+
+def test_a_default_is_taken_where_offered_and_restricts_nothing() -> None:
+    """SGE: a level that lacks the attribute is skipped, so a default keeps no task off a node."""
+    reg = AttributeRegistry(
+        [
+            AttributeDefinition("seat", "", AttributeType.INT, Relop.LE, consumable=ConsumableKind.SLOT, default=1),
+            AttributeDefinition("pool", "", AttributeType.INT, Relop.LE, consumable=ConsumableKind.JOB, default=2),
+        ]
+    )
+    w = World([4, 4], registry=reg)
+    offer(w, "n2", {"Resource:seat": 3, "Resource:pool": 2})
+    p = w.placed(job(P("TaskCount", 7)), "a")
+    assert Counter(t.node for t in p.tasks) == {"n1": 4, "n2": 3}  # seat 3 caps n2 at 3 tasks
+    assert w.res.ledgers["n2"].free == {"Resource:seat": 0.0, "Resource:pool": 2.0}  # pool: first task on n1
+    release(p, w.res, job_id="a")
+    assert w.res.ledgers["n2"].free == {"Resource:seat": 3.0, "Resource:pool": 2.0}
+
+
+def test_disk_swap_network_and_typed_resources_are_matched() -> None:
+    reg = AttributeRegistry(
+        [AttributeDefinition("License", "", AttributeType.INT, Relop.LE, consumable=ConsumableKind.SLOT)]
+    )
+    w = World([2, 2], registry=reg)
+    offer(w, "n2", {"Disk": 100 * GiB, "Swap": 8 * GiB, "Network": 10 * GiB, "Resource:License:ESSL2": 1})
+    p = w.placed(
+        job(
+            P("Disk", 10, units="GB"),
+            P("Swap", 1, units="GB"),
+            P("Network", 1),
+            P("Resource", 1, name="License", type="ESSL2"),
+        )
+    )
+    assert p.tasks[0].node == "n2" and w.res.ledgers["n2"].free["Resource:License:ESSL2"] == 0
+    assert w.place(job(P("Resource", 1, name="License", type="ESSL2")), "again") is None
+    too_big = w.request(job(P("Disk", 200, units="GB")))
+    assert w.place(too_big, "big") is None
+    assert any("it has no Disk" in r for r in why_not(too_big, w.matcher, w.res, idle=True))

@@ -239,3 +239,20 @@ def test_explain_names_the_requirement_and_the_nodes() -> None:
     big = m.explain(NodeRequirement(), (("Processors", 100.0),))
     assert "each task needs 100 Processors but it has" in big[0]
     assert Matcher(Cluster()).explain(NodeRequirement()) == ["no node has registered yet"]
+
+
+def test_static_facts_survive_load_reports() -> None:
+    """Registration facts (arch, opsys, hostname, num_proc, mem_total) are not load values: a heartbeat's
+    load report, which replaces the load values whole, leaves them."""
+    c = cluster()
+    for node in c.nodes.values():
+        node.values.report_load(c.registry, {"load_avg": 0.5, "mem_free": "1G"})
+        c.touch(node)
+    assert match(c, P("Architecture", "x86_64")) == ["node1", "node3"]
+    assert match(c, requested=[P("OperatingSystem", "Lin*", op="Match")]) == ["node1", "node2", "node3", "node4"]
+    assert match(c, requested=[P("Extension", "node2.example", type="Attribute", name="hostname")]) == ["node2"]
+    assert match(c, requested=[P("Extension", "12", type="Attribute", name="num_proc", op="GE")]) == ["node3", "node4"]
+    assert match(c, requested=[P("Extension", "10G", type="Attribute", name="mem_total", op="GT")]) == [
+        "node3",
+        "node4",
+    ]

@@ -80,3 +80,48 @@ def test_journal_checkpoint_mib_out_of_range_says_what_to_give(value: object) ->
 
 def test_journal_checkpoint_mib_takes_an_integer() -> None:
     assert config.parse({"pilot": {"journal_checkpoint_mib": 64}}).pilot.journal_checkpoint_mib == 64.0
+
+
+@pytest.mark.parametrize(
+    ("attribute", "global_value", "node_value", "message"),
+    [
+        ({"type": "string"}, "a", "b", "cannot be overridden on a node"),
+        ({"type": "memory", "relop": "<="}, "100G", "200G", "less restrictive"),
+        ({"type": "int", "relop": ">="}, 8, 4, "less restrictive"),
+    ],
+)
+def test_a_node_may_not_override_a_global_value_against_its_relop(
+    attribute: dict[str, str], global_value: object, node_value: object, message: str
+) -> None:
+    """SGE section 3: == / != only on one level; <, <=, >, >= only towards more restrictive."""
+    raw = {
+        "attributes": {"x": attribute},
+        "global": {"attributes": {"x": global_value}},
+        "nodes": {"n[12]": {"attributes": {"x": node_value}}},
+    }
+    with pytest.raises(ConfigError) as err:
+        config.parse(raw)
+    assert "nodes.n[12].attributes.x" in str(err.value) and "global.attributes.x" in str(err.value)
+    assert message in str(err.value)
+
+
+def test_a_node_may_tighten_a_global_value() -> None:
+    raw = {
+        "attributes": {"x": {"type": "memory", "relop": "<="}, "y": {"type": "int", "relop": ">="}},
+        "global": {"attributes": {"x": "100G", "y": 4}},
+        "nodes": {"n1": {"attributes": {"x": "50G", "y": 8}}},
+    }
+    assert config.parse(raw).node_level("n1").attributes == {"x": "50G", "y": 8}
+
+
+def test_sized_and_typed_consumables() -> None:
+    """SSS Disk/Swap/Network (sizes) and typed resources (name:type) on a node."""
+    c = config.parse(
+        {
+            "attributes": {"License": {"type": "int", "consumable": True}},
+            "nodes": {"n1": {"consumables": {"Disk": "100G", "Swap": 1024, "License:ESSL2": 2}}},
+        }
+    )
+    assert node_capacity(c, "n1") == {"Disk": 100 * 2**30, "Swap": 1024.0, "Resource:License:ESSL2": 2.0}
+    with pytest.raises(ConfigError, match=r"nodes\.n1\.consumables\.Disk"):
+        config.parse({"nodes": {"n1": {"consumables": {"Disk": "lots"}}}})

@@ -325,8 +325,9 @@ class Core:
         """A resumed job's request (compiled again from the document the journal kept), dependency
         edges and Hold; why not, if it cannot be."""
         extra, job.journaled = job.journaled, None
-        if not extra:
-            return None
+        if not (extra or job.description.custom_attributes or self.nodes.cluster.registry.binds_every_job):
+            return None  # a plain PSI/J job: its request is its description's ('pilot.*' may ask for nodes)
+        extra = extra or {}
         book = self.book
         try:
             job.request = rebuild(job.description, extra, cluster=self.nodes.cluster)

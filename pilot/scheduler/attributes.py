@@ -2,9 +2,10 @@
 
 An attribute has a name, a shortcut, a type, a relational operator, a requestable flag, a consumable
 flag and (consumables only) a default. Values live on two levels: *global* (the whole allocation,
-e.g. a license pool) and *host* (one node; fixed values from the site config and load values the
-agent measures). Matching is strict-hierarchical as the spec says: an attribute defined on a level
-must match there; a level that lacks it is skipped; defined nowhere means the request cannot be met.
+e.g. a license pool) and *host* (one node; fixed values from the site config, the facts its agent
+registered with and the load values it measures). Matching is strict-hierarchical as the spec says:
+an attribute defined on a level must match there; a level that lacks it is skipped; defined nowhere
+means the request cannot be met.
 
 Definitions are checked against the spec's restrictions when they are made, so a bad site config
 fails at ``pilot up`` with the attribute and the fix named, not at the first matching pass.
@@ -413,6 +414,13 @@ class AttributeRegistry:
                 self._override_builtin(old, d)
             else:
                 self._add(d)
+        #: Asked for on every node a matching pass looks at: kept, not rebuilt (the set is fixed now).
+        self.forced: Final = [d for d in self._by_name.values() if d.requestable is Requestable.FORCED]
+        #: Whether a job that names no attribute is still bound by one (a FORCED one keeps it off the
+        #: nodes offering it; a default is taken where offered): then every job must be matched.
+        self.binds_every_job: Final = bool(self.forced) or any(
+            d.default is not None and not d.builtin for d in self._by_name.values()
+        )
 
     def _add(self, d: AttributeDefinition) -> None:
         if d.name in self._by_name:
@@ -474,10 +482,6 @@ class AttributeRegistry:
     def consumables(self) -> list[AttributeDefinition]:
         return [d for d in self._by_name.values() if d.consumable is not ConsumableKind.NO]
 
-    @property
-    def forced(self) -> list[AttributeDefinition]:
-        return [d for d in self._by_name.values() if d.requestable is Requestable.FORCED]
-
     @classmethod
     def from_config(cls, table: Mapping[str, Any], *, source: str = "<config>") -> AttributeRegistry:
         """Site attributes from a config table ``{name: {type=, relop=, shortcut=, requestable=,
@@ -537,13 +541,17 @@ class AttributeRegistry:
 
 @dataclass(slots=True)
 class AttributeValues:
-    """The attribute values one level offers: fixed ones from the config and load values measured.
+    """The attribute values one level offers: fixed ones from the config, static facts the agent
+    reported once at registration (arch, opsys, hostname, num_proc, mem_total) and load values each
+    heartbeat measures anew. Facts are kept apart from load values: a heartbeat replaces the load
+    values whole and must not wipe what only the registration said.
 
     ``version`` changes whenever a value does, so match caches keyed on it stay exact.
     """
 
     fixed: dict[str, Value] = field(default_factory=dict)
     load: dict[str, Value] = field(default_factory=dict)
+    facts: dict[str, Value] = field(default_factory=dict)
     version: int = 0
     _effective: dict[str, Value] | None = None
 
@@ -561,17 +569,16 @@ class AttributeValues:
 
     def report_load(self, registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> None:
         """Load values from a heartbeat. Unknown names are skipped (an agent may measure more)."""
-        out: dict[str, Value] = {}
-        for name, raw in values.items():
-            d = registry.get(name)
-            if d is None or d.consumable is not ConsumableKind.NO:
-                continue
-            try:
-                out[d.name] = d.value(raw)
-            except ComplexAttributeError:
-                continue
+        out = _known(registry, values)
         if out != self.load:
             self.load = out
+            self._changed()
+
+    def report_facts(self, registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> None:
+        """The node's static facts from its registration; they hold until it registers again."""
+        out = _known(registry, values)
+        if out != self.facts:
+            self.facts = out
             self._changed()
 
     def _changed(self) -> None:
@@ -582,7 +589,7 @@ class AttributeValues:
         """Fixed values override load values on the same level, but only towards more restrictive
         (spec section 3: a mem_free of 1G configured against 4G measured gives 1G; 0.9G measured gives 0.9G)."""
         if self._effective is None:
-            eff = dict(self.load)
+            eff = {**self.load, **self.facts}
             for name, v in self.fixed.items():
                 old = eff.get(name)
                 d = registry.get(name)
@@ -598,12 +605,29 @@ class AttributeValues:
         return self._effective
 
 
-def check_override(d: AttributeDefinition, upper: Value, lower: Value, *, where: str) -> None:
-    """A host value over a global one: == / != cannot be overridden on a lower level; <, <=, >, >=
-    only towards more restrictive (spec section 3). Raises naming ``where``."""
+def _known(registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> dict[str, Value]:
+    """The values of known non-consumable attributes, each parsed by its type; the rest left out."""
+    out: dict[str, Value] = {}
+    for name, raw in values.items():
+        d = registry.get(name)
+        if d is None or d.consumable is not ConsumableKind.NO:
+            continue
+        try:
+            out[d.name] = d.value(raw)
+        except ComplexAttributeError:
+            continue
+    return out
+
+
+def check_override(
+    d: AttributeDefinition, upper: Value, lower: Value, *, where: str, upper_key: str = "globally"
+) -> None:
+    """A node's value over a global one (SGE section 3): ``==`` / ``!=`` cannot be overridden on a
+    lower level; ``<``, ``<=``, ``>``, ``>=`` only towards more restrictive. Raises naming ``where``
+    (the node's key) and ``upper_key`` (the global one)."""
     if d.relop in (Relop.EQ, Relop.NE):
         raise ComplexAttributeError(
-            f"{where}: {d.name!r} ({d.relop.value}) is set globally and cannot be overridden on a node; "
+            f"{where}: {d.name!r} ({d.relop.value}) is set {upper_key} and cannot be overridden on a node; "
             "set it on one level only"
         )
     if isinstance(upper, bool | str) or isinstance(lower, bool | str):
@@ -611,8 +635,8 @@ def check_override(d: AttributeDefinition, upper: Value, lower: Value, *, where:
     looser = lower > upper if d.relop in (Relop.LE, Relop.LT) else lower < upper
     if looser:
         raise ComplexAttributeError(
-            f"{where}: {d.name!r} = {lower:g} is less restrictive than the global {upper:g}; "
-            "a node may only tighten a global value"
+            f"{where}: {d.name!r} = {lower:g} is less restrictive than {upper:g} set {upper_key} "
+            f"(relop {d.relop.value}); a node may only tighten a global value"
         )
 
 
@@ -727,12 +751,15 @@ class ConsumableLedger:
         return n
 
     def take(self, amounts: Mapping[str, float], times: int = 1) -> None:
+        """Debit ``amounts``; one this level has no capacity of is skipped (a resumed task's default)."""
         for k, a in amounts.items():
-            self.free[k] = self.free.get(k, 0.0) - a * times
+            if k in self.capacity:
+                self.free[k] = self.free.get(k, 0.0) - a * times
 
     def give_back(self, amounts: Mapping[str, float], times: int = 1) -> None:
         for k, a in amounts.items():
-            self.free[k] = min(self.capacity.get(k, math.inf), self.free.get(k, 0.0) + a * times)
+            if k in self.capacity:
+                self.free[k] = min(self.capacity[k], self.free.get(k, 0.0) + a * times)
 
     def copy(self) -> ConsumableLedger:
         return ConsumableLedger(dict(self.capacity), dict(self.free))

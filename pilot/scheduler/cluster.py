@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from pilot.model.node import NodeConfigured
 from pilot.scheduler.attributes import (
+    AttributeDefinition,
     AttributeRegistry,
     AttributeValues,
 )
@@ -42,13 +43,13 @@ class MatchNode:
         """A node as an agent registered it, with the site's fixed values and extra consumables."""
         m = cls(node.name, node.hostname, frozenset(node.features))
         m.values.set_fixed(registry, dict(fixed or {}), level=f"node {node.name!r}")
-        load: dict[str, str | float | bool] = {"num_proc": len(node.processors), "mem_total": node.memory}
-        load["hostname"] = node.hostname or node.name
+        facts: dict[str, str | float | bool] = {"num_proc": len(node.processors), "mem_total": node.memory}
+        facts["hostname"] = node.hostname or node.name
         if node.architecture:
-            load["arch"] = node.architecture
+            facts["arch"] = node.architecture
         if node.os:
-            load["opsys"] = node.os
-        m.values.report_load(registry, load)
+            facts["opsys"] = node.os
+        m.values.report_facts(registry, facts)
         m.configured = {"Processors": float(len(node.processors)), "Memory": float(node.memory)}
         if node.gpus:
             m.configured["Resource:GPU"] = float(len(node.gpus))
@@ -84,3 +85,32 @@ class Cluster:
 
     def offers(self, key: str) -> bool:
         return key in self.global_capacity or any(key in n.configured for n in self.nodes.values())
+
+    @property
+    def forced(self) -> list[AttributeDefinition]:
+        """The attributes a job must request to run where they are offered (requestable = FORCED)."""
+        return self.registry.forced
+
+    def offers_attribute(self, name: str, node: MatchNode) -> bool:
+        """Whether ``node`` (or the allocation as a whole) is configured with attribute ``name``: a
+        fixed value or a consumable capacity (typed ones, ``name:type``, count as ``name``)."""
+        if name in self.global_values.fixed or name in node.values.fixed:
+            return True
+        keys = (*self.global_capacity, *node.configured)
+        return any(k.startswith("Resource:") and attribute_name(self.registry, k) == name for k in keys)
+
+
+def consumable_definition(registry: AttributeRegistry, key: str) -> AttributeDefinition | None:
+    """The attribute a consumable key stands for: ``Resource:License:ESSL2`` is attribute
+    ``License:ESSL2`` when one is defined so, else ``License`` (a typed resource of it)."""
+    name = key.removeprefix("Resource:")
+    d = registry.get(name)
+    if d is None and ":" in name:
+        d = registry.get(name.split(":", 1)[0])
+    return d
+
+
+def attribute_name(registry: AttributeRegistry, key: str) -> str:
+    """The name of the attribute ``key`` stands for (its own name when none is defined)."""
+    d = consumable_definition(registry, key)
+    return d.name if d is not None else key.removeprefix("Resource:")

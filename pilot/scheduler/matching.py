@@ -108,6 +108,9 @@ class NodeRequirement:
 
     expr: Expr | None = None  # hard requirement on a node (None: any node)
     preferences: tuple[tuple[str, tuple[Preference, ...]], ...] = ()  # per property name
+    #: Attributes the request names (typed attributes and consumables): a node offering a FORCED
+    #: attribute takes only requests that name it.
+    asked: frozenset[str] = frozenset()
 
     def score(self, node: MatchNode, cluster: Cluster) -> float:
         """The preference weight a node meets, as a ratio per property name, summed."""
@@ -573,6 +576,9 @@ class Matcher:
                 return f"it has no {_show_key(key)}"
             if have < value:
                 return f"each task needs {_show_amount(key, value)} but it has {_show_amount(key, have)}"
+        for d in c.forced:
+            if d.name not in req.asked and c.offers_attribute(d.name, node):
+                return f"it offers {d.name}, which a job must request to run there (requestable = FORCED)"
         if req.expr is None:
             return None
         if holds_on_node(req.expr, node, c):

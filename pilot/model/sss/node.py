@@ -75,8 +75,9 @@ def node_object(
 
     ``free_*`` are what the scheduler holds unallocated (Available); ``utilized`` what the agent
     measured with psutil (keys ``processors`` busy cores, ``memory``/``swap``/``disk`` bytes used,
-    ``wall_duration`` seconds the measure covers); ``resources`` other consumables (name -> (capacity,
-    free)); ``attributes`` the typed attribute values (load values and site values) as Extensions.
+    ``wall_duration`` seconds the measure covers); ``resources`` other consumables (name or
+    ``name:type`` -> (capacity, free), or Disk/Swap/Network in bytes); ``attributes`` the typed
+    attribute values (load values and site values) as Extensions.
     """
     props = [Property.of("Id", node.name)]
     if node.hostname and node.hostname != node.name:
@@ -105,8 +106,13 @@ def node_object(
     if free_gpus is not None and node.gpus:
         available.append(Property.of("Resource", free_gpus, name="GPU"))
     for name, (cap, free) in sorted((resources or {}).items()):
-        configured.append(Property.of("Resource", cap, name=name))
-        available.append(Property.of("Resource", free, name=name))
+        if name in ("Disk", "Swap", "Network"):  # the Node object's own sized consumables
+            configured.append(Property.of(name, _mb(cap), units="MB"))
+            available.append(Property.of(name, _mb(free), units="MB"))
+            continue
+        base, _, kind = name.partition(":")  # a typed resource: name:type
+        configured.append(Property.of("Resource", cap, name=base, type=kind or None))
+        available.append(Property.of("Resource", free, name=base, type=kind or None))
     used: list[Property] | None = None
     if utilized is not None:
         wall = utilized.get("wall_duration")
