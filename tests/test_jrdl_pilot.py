@@ -11,6 +11,7 @@ import platform
 import shutil
 import sys
 import textwrap
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -238,7 +239,11 @@ def test_submit_jrdl_refuses_the_whole_document_naming_the_element_and_line(pilo
     assert "line 5, <executable>: appears twice in <job> (first on line 4)" in str(info.value)
     with pytest.raises(psij.InvalidJobException, match=r'line 5, <substitutionRef>: substitutionRef name="NOPE"'):
         ex.submit_jrdl(document.replace(path("executable", "/bin/true"), ""))
-    assert ex.list() == []  # nothing of either document was accepted
+    laughs = '<?xml version="1.0"?><!DOCTYPE jrdl [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;">]>'
+    (work / "laughs.jrdl").write_text(laughs + f"<jrdl><job>{path('executable', '&b;')}</job></jrdl>")
+    proc = pilot.cli("submit", str(work / "laughs.jrdl"), check=False)
+    assert proc.returncode == 2 and "may not contain a DTD, entity declarations or external references" in proc.stderr
+    assert ex.list() == []  # nothing of any of these documents was accepted
     assert not list(work.glob("never.*"))
 
 
@@ -331,3 +336,64 @@ def test_xmpi_is_one_mpirun_launch_over_count(pilot: Pilot, work: Path) -> None:
     assert sorted(ranks) == [0, 1]
     assert {r["env"]["OMPI_COMM_WORLD_SIZE"] for r in ranks.values()} == {"2"}
     assert {r["env"]["JRDL_A"] for r in ranks.values()} == {"x"}
+
+
+def iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f"{t % 1:.3f}"[1:] + "Z"
+
+
+def test_start_time_start_before_and_duration(pilot: Pilot, work: Path) -> None:
+    """jobStartTime: not started before it (explain says until when); jobStartBefore: FAILED when the
+    pilot is full until after it; jobDuration: the walltime, enforced."""
+    start = time.time() + 4
+    blocker = f"{path('executable', '/bin/sleep')}{args(s('3'))}{job_type('htc')}{count(3 * 2)}"
+    timed = (
+        f"{path('executable', f'{work}/record.py')}{args(s(f'{work}/timed'))}<jobStartTime>{iso(start)}</jobStartTime>"
+    )
+    late = f"{path('executable', f'{work}/record.py')}{args(s(f'{work}/late'))}<jobStartBefore>PT1S</jobStartBefore>"
+    busy, waits, fails = submit(
+        pilot, work / "t.jrdl", f"<jrdl><job>{blocker}</job><job>{timed}</job><job>{late}</job></jrdl>"
+    )
+    explained = pilot.cli("explain", waits).stdout
+    assert f"does not start before its start time (JRDL jobStartTime) {iso(start)[:19]}Z" in explained, explained
+    root = final(pilot, fails)
+    assert root.findtext("State") == "Failed"
+    message = root.findtext("StatusMessage") or ""
+    assert "had to start within 1 s of its submission (JRDL jobStartBefore)" in message, ET.tostring(root)
+    assert not seen(work, "late")
+    assert final(pilot, waits).findtext("State") == "Completed"
+    (got,) = seen(work, "timed").values()
+    assert got["start"] >= start  # not started before its start time
+    assert final(pilot, busy).findtext("State") == "Completed"
+    (long,) = submit(
+        pilot,
+        work / "d.jrdl",
+        f"<jrdl><job>{path('executable', '/bin/sleep')}{args(s('60'))}<jobDuration>PT1S</jobDuration></job></jrdl>",
+    )
+    root = final(pilot, long)
+    assert root.findtext("State") == "Failed"
+    message = root.findtext("StatusMessage") or ""
+    assert "walltime" in message and "duration" in message, message
+
+
+def test_a_waiting_document_survives_a_daemon_restart(pilot: Pilot, work: Path) -> None:
+    """A JRDL job waiting for its start time, with its stream fan-out, runs after kill -9 and 'pilot up'."""
+    start = time.time() + 6
+    (job_id,) = submit(
+        pilot,
+        work / "r.jrdl",
+        f"""
+        <jrdl><job>
+          {path("executable", f"{work}/record.py")}{args(s(f"{work}/restarted"))}{path("directory", str(work))}
+          {paths("stdout", "r1", "r2")}
+          <jobStartTime>{iso(start)}</jobStartTime>
+        </job></jrdl>
+        """,
+    )
+    pilot.kill9()
+    pilot.up_again()
+    root = final(pilot, job_id)
+    assert root.findtext("State") == "Completed", ET.tostring(root)
+    (got,) = seen(work, "restarted").values()
+    assert got["start"] >= start
+    assert (work / "r1").read_text() == (work / "r2").read_text() == f"out {work}/restarted 0\n"
