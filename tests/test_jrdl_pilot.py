@@ -52,8 +52,8 @@ seen = {{
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PILOT_RANK", "0")
 with open(f"{{name}}.{{rank}}", "w") as f:
     json.dump(seen, f)
-print("out", name, rank, flush=True)
-print("err", name, rank, file=sys.stderr, flush=True)
+sys.stdout.write(f"out {{name}} {{rank}}\\n")  # one write each: several processes may share the file
+sys.stderr.write(f"err {{name}} {{rank}}\\n")
 sys.exit(int(os.environ.get("JRDL_EXIT", "0")))
 """
 
@@ -397,3 +397,29 @@ def test_a_waiting_document_survives_a_daemon_restart(pilot: Pilot, work: Path) 
     (got,) = seen(work, "restarted").values()
     assert got["start"] >= start
     assert (work / "r1").read_text() == (work / "r2").read_text() == f"out {work}/restarted 0\n"
+
+
+def test_every_destination_receives_every_process_stream(pilot: Pilot, work: Path) -> None:
+    """htc of 3: each destination holds the three processes' whole output (appended to, not truncated by
+    each), including one named by the job's id (JOBID)."""
+    (work / "all.out").write_text("from an earlier run\n")
+    (job_id,) = submit(
+        pilot,
+        work / "fan.jrdl",
+        f"""
+        <jrdl><job>
+          {path("executable", f"{work}/record.py")}{args(s(f"{work}/fan"))}{path("directory", str(work))}
+          {job_type("htc")}{count(3)}
+          <stdout><pathArray>
+            <path>{s("all.out")}</path><path>{s("id-")}<substitutionRef name="JOBID"/>{s(".out")}</path>
+          </pathArray></stdout>
+          <stderr><pathArray><path>{s("e1")}</path><path>{s("e2")}</path></pathArray></stderr>
+        </job></jrdl>
+        """,
+    )
+    assert final(pilot, job_id).findtext("State") == "Completed"
+    expected = sorted(f"out {work}/fan {rank}" for rank in range(3))
+    assert sorted((work / "all.out").read_text().splitlines()) == expected  # truncated once, before any ran
+    assert sorted((work / f"id-{job_id}.out").read_text().splitlines()) == expected
+    errs = sorted(f"err {work}/fan {rank}" for rank in range(3))
+    assert sorted((work / "e1").read_text().splitlines()) == sorted((work / "e2").read_text().splitlines()) == errs

@@ -43,8 +43,8 @@ seen = {{
 name = os.environ["PILOT_JOB_ID"] + "." + os.environ.get("PILOT_RANK", "0")
 with open(os.path.join("@WORK@", "ran", name), "w") as f:
     json.dump(seen, f)
-print("out", os.path.basename(sys.argv[0]))
-print("err", os.path.basename(sys.argv[0]), file=sys.stderr)
+sys.stdout.write("out " + os.path.basename(sys.argv[0]) + "\\n")
+sys.stderr.write("err " + os.path.basename(sys.argv[0]) + "\\n")
 """
 
 
