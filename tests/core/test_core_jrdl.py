@@ -267,3 +267,33 @@ def test_a_document_survives_a_daemon_restart(tmp_path: Path) -> None:
     assert order["executable"] == "/bin/sh" and order["arguments"][3] == "/bin/echo"  # the tee wrapper
     assert "tee o2" in order["arguments"][1] and order["stdout_path"] == "o1"
     assert order["directory"] == "/work/here"
+
+
+def test_host_facts_of_nodes_that_differ_are_refused() -> None:
+    env = CoreEnv(nodes=2, cores=1)
+    env.register("n0")
+    env.register("n1")
+    cluster = env.core.nodes.cluster
+    for name, arch in (("n0", "x86_64"), ("n1", "aarch64")):
+        cluster.nodes[name].values.report_load(cluster.registry, {"opsys": "Linux 6.1", "arch": arch})
+    ref = '<arguments><stringArray><string><substitutionRef name="GLOBUS_HOST_CPUTYPE"/></string></stringArray>'
+    refused = submit(env, doc(job(ref + "</arguments>")))
+    assert "cannot be resolved: the nodes differ (x86_64 Linux 6.1 on n0; aarch64 Linux 6.1 on n1)" in refused["error"]
+    defined = '<substitutionDef name="GLOBUS_HOST_CPUTYPE"><stringElement value="any"/></substitutionDef>'
+    assert "ids" in submit(env, doc(job(ref + "</arguments>"), defs=defined))  # the document's own wins
+
+
+@pytest.mark.parametrize(
+    ("entry", "error"),
+    [
+        ({"jrdl": 5}, "carries its XML document as text under 'jrdl'"),
+        ({"jrdl": doc(job()), "submitter": {"PATH": "/x"}}, "maps HOME, LOGNAME and CUR_DIRL to text"),
+        ({"jrdl": doc(job()), "submitter": {"HOME": 1}}, "maps HOME, LOGNAME and CUR_DIRL to text"),
+        ({"jrdl": doc(job()), "submitter": ["HOME"]}, "maps HOME, LOGNAME and CUR_DIRL to text"),
+    ],
+)
+def test_malformed_submissions_are_refused(entry: dict[str, Any], error: str) -> None:
+    env = CoreEnv(cores=1)
+    env.register("n0")
+    (result,) = env.core.on_submit(CLIENT, [entry], None)
+    assert error in result["error"] and not env.core.book.jobs
