@@ -12,7 +12,7 @@ definition may use the ones before it, and a later one of the same name replaces
 The reader is strict: an element it does not know, or one it knows but this pilot cannot honour yet
 (file staging, co-allocation, clock speed), is refused naming the element and its line, so nothing a
 user wrote is silently dropped. The XML itself is parsed by :mod:`pilot.formats.xml` (defusedxml: no
-DTDs, entities or external references). :func:`write_job` writes one job resolved (no references
+DTDs, entities or external references). :func:`write_jrdl` writes one job resolved (no references
 left), which is what the journal keeps to rebuild it after a restart.
 """
 
@@ -614,7 +614,7 @@ def _executable_nodes(x: Executable) -> list[Node]:
     return out
 
 
-def write_job(job: JrdlJob) -> str:
+def write_jrdl(job: JrdlJob) -> str:
     """One job as a JRDL document with every value written out (what the journal keeps)."""
     nodes = _executable_nodes(job.attributes)
     if job.start_time is not None:
@@ -661,5 +661,5 @@ __all__ = [
     "Resource",
     "is_jrdl",
     "read_jrdl",
-    "write_job",
+    "write_jrdl",
 ]

@@ -31,7 +31,7 @@ import re
 import shlex
 from typing import Any, Final
 
-from pilot.formats.jrdl import JOBID_VALUE, Executable, Facts, JrdlError, JrdlJob, read_jrdl, write_job
+from pilot.formats.jrdl import JOBID_VALUE, Executable, Facts, JrdlError, JrdlJob, read_jrdl, write_jrdl
 from pilot.frontends import sss
 from pilot.launchers.base import GroupLaunch, TaskLaunch
 from pilot.model.job_description import DescriptionError, JobDescription
@@ -63,7 +63,9 @@ def compile_entry(raw: dict[str, Any], *, cluster: Cluster) -> Submission:
     facts = Facts(submitter, *_host_facts(cluster, document))
     jobs = [_anchored(job, submitter.get("CUR_DIRL")) for job in read_jrdl(document, facts)]
     requests = [prepare(job, cluster) for job in jobs]
-    entries = [{**r.description.to_wire(), DOCUMENT_KEY: write_job(job)} for r, job in zip(requests, jobs, strict=True)]
+    entries = [
+        {**r.description.to_wire(), DOCUMENT_KEY: write_jrdl(job)} for r, job in zip(requests, jobs, strict=True)
+    ]
     return Submission(requests, entries, [], document=True)
 
 
@@ -152,7 +154,7 @@ def _parts(job: JrdlJob) -> list[tuple[Executable, int]]:
     return parts
 
 
-def _group(x: Executable, cpus: int, *, index: int) -> TaskGroup:
+def _group(x: Executable, cpus: int) -> TaskGroup:
     if not x.executable:
         raise JrdlError("names no <executable>: give one in the job or in the subjob", element=x.where)
     for what, value in (("directory", x.directory), ("stdin", x.stdin)):
@@ -212,7 +214,7 @@ def _requirements(job: JrdlJob) -> tuple[list[Property], list[Property]]:
 def sss_job(job: JrdlJob) -> tuple[Job, list[tuple[Executable, int]]]:
     """The SSS Job a JRDL job means, and its parts (one TaskGroup each, in order)."""
     parts = _parts(job)
-    groups = [_group(x, n, index=i) for i, (x, n) in enumerate(parts)]
+    groups = [_group(x, n) for x, n in parts]
     items, requested = _requirements(job)
     if job.duration is not None:
         requested.append(Property.of("Duration", job.duration))
