@@ -297,3 +297,21 @@ def test_malformed_submissions_are_refused(entry: dict[str, Any], error: str) ->
     env.register("n0")
     (result,) = env.core.on_submit(CLIENT, [entry], None)
     assert error in result["error"] and not env.core.book.jobs
+
+
+def test_a_start_before_bound_counts_from_the_submission_across_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    env = CoreEnv(cores=1, store=Store.open(path))
+    env.register("n0")
+    (busy,) = ids(env, doc(job()))
+    (late,) = ids(env, doc(job("<jobStartBefore>PT5S</jobStartBefore>")))
+    env.step()
+    env.started("n0", busy)
+    env.step()
+    again = env.restarted(path)  # one second later
+    again.register("n0", running=[[busy, 0]])
+    later(again, 3)
+    assert again.job(late).state is JobState.QUEUED
+    later(again, 1)  # five seconds after its submission, not after the restart
+    again.step()
+    assert again.told(late)[1] == "FAILED" and "(JRDL jobStartBefore)" in again.told(late)[4]
