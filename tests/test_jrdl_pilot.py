@@ -324,7 +324,7 @@ def test_xmpi_is_one_mpirun_launch_over_count(pilot: Pilot, work: Path) -> None:
         <jrdl>
           <job>
             {path("executable", f"{work}/record.py")}{args(s(f"{work}/mpi"))}
-            {job_type("xmpi")}{count(2)}
+            {job_type("xmpi")}{count(2)}{paths("libraryPath", "/opt/mpi/lib")}
             <environment><hashtable>{env}<entry name="JRDL_A">{s("x")}</entry></hashtable></environment>
           </job>
         </jrdl>
@@ -336,6 +336,7 @@ def test_xmpi_is_one_mpirun_launch_over_count(pilot: Pilot, work: Path) -> None:
     assert sorted(ranks) == [0, 1]
     assert {r["env"]["OMPI_COMM_WORLD_SIZE"] for r in ranks.values()} == {"2"}
     assert {r["env"]["JRDL_A"] for r in ranks.values()} == {"x"}
+    assert {r["env"]["LD_LIBRARY_PATH"].split(":")[0] for r in ranks.values()} == {"/opt/mpi/lib"}  # each rank's
 
 
 def iso(t: float) -> str:
