@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import builtins
 import functools
+import getpass
+import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -285,7 +287,12 @@ class JobExecutor:
         document is made once however its answer is lost (one submit id for all its jobs)."""
         return self._submit_document("sss", document)
 
-    def _submit_document(self, key: str, document: str | bytes) -> Sequence[Job]:
+    def submit_jrdl(self, document: str | bytes) -> Sequence[Job]:
+        """Submit a JRDL document (XML text): one Job per ``<job>``, as :meth:`submit_sss`. Table 1's
+        HOME, LOGNAME and CUR_DIRL resolve to this process's (its home, user name and directory)."""
+        return self._submit_document("jrdl", document, submitter=jrdl_submitter())
+
+    def _submit_document(self, key: str, document: str | bytes, **extra: Any) -> Sequence[Job]:
         text = document.decode("utf-8") if isinstance(document, bytes) else document
         jobs: builtins.list[Job] = []
 
@@ -297,7 +304,7 @@ class JobExecutor:
             jobs[k]._native_id = native_id
             return functools.partial(_apply, jobs[k])
 
-        result = self._backend.submit_document({key: text}, on_id)
+        result = self._backend.submit_document({key: text, **extra}, on_id)
         t = result.get("time")
         for job in jobs:
             if job.status.state is JobState.NEW:
@@ -356,3 +363,13 @@ def _apply(job: Job, report: StatusReport) -> None:
     except ValueError:
         return
     job._set_status(status)
+
+
+def jrdl_submitter() -> dict[str, str]:
+    """What a JRDL document's HOME, LOGNAME and CUR_DIRL mean for the submitting process."""
+    found = {"HOME": os.path.expanduser("~"), "CUR_DIRL": os.getcwd()}
+    try:
+        found["LOGNAME"] = getpass.getuser()
+    except (KeyError, OSError):
+        pass  # no user name: a reference to LOGNAME is refused naming it
+    return {k: v for k, v in found.items() if v and v != "~"}

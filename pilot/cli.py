@@ -69,9 +69,11 @@ def main(argv: list[str] | None = None) -> None:
     where(cred)
     cred.add_argument("--client", type=Path, required=True, metavar="FILE", help="file to write (0600)")
 
-    sb = sub.add_parser("submit", help="submit an SSS Job or JobGroup XML file (- for stdin); prints the job ids")
+    sb = sub.add_parser(
+        "submit", help="submit an SSS Job or JobGroup, or a JRDL document (XML file, - for stdin); prints the job ids"
+    )
     where(sb)
-    sb.add_argument("file", help="SSS job XML (JobGroup or Job)")
+    sb.add_argument("file", help="SSS job XML (JobGroup or Job) or a <jrdl> document")
     sb.add_argument("--wait", action="store_true", help="wait until every job has ended; exit 1 if any failed")
     sh = sub.add_parser("show", help="a job as SSS Job XML: State, Delivered, and its placed Tasks")
     where(sh)
@@ -352,7 +354,8 @@ def _submit(args: argparse.Namespace) -> None:
         print(f"pilot submit: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
         sys.exit(2)
     rundir = _rundir(args)
-    reply = _request(rundir, wire.Kind.SUBMIT, {"jobs": [{"sss": document.decode("utf-8", "replace")}]})
+    text = document.decode("utf-8", "replace")
+    reply = _request(rundir, wire.Kind.SUBMIT, {"jobs": [_document_entry(text)]})
     result = (reply.get("results") or [{}])[0]
     if "error" in result:
         print(f"pilot submit: {args.file}: {result['error']}", file=sys.stderr)
@@ -379,6 +382,17 @@ def _submit(args: argparse.Namespace) -> None:
             print(f"{job.native_id} {st.state}" + (f": {st.message}" if st.message else ""), flush=True)
     if failed:
         sys.exit(1)
+
+
+def _document_entry(text: str) -> dict[str, Any]:
+    """What SUBMIT carries for a document: a ``<jrdl>`` one with the submitter's HOME, LOGNAME and
+    CUR_DIRL (its Table 1 names), anything else as SSS (whose reader names what is wrong with it)."""
+    from client.job_executor import jrdl_submitter
+    from pilot.formats.jrdl import is_jrdl
+
+    if is_jrdl(text):
+        return {"jrdl": text, "submitter": jrdl_submitter()}
+    return {"sss": text}
 
 
 def _per_job(args: argparse.Namespace) -> None:

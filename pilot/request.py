@@ -47,10 +47,12 @@ class Request:
         "hold",
         "local_id",
         "name",
+        "not_before",
         "priority",
         "resolved",
         "shown",
         "slots",
+        "start_within",
         "where",
     )
 
@@ -68,6 +70,8 @@ class Request:
         hold: bool = False,
         shown: Job | None = None,
         priority: int = 0,
+        not_before: float | None = None,
+        start_within: float | None = None,
     ) -> None:
         if (slots is None) == (resolved is None):
             raise ValueError("a request has exactly one placement shape: slots or resolved")
@@ -91,6 +95,10 @@ class Request:
         #: Queue order: higher first, first come first served within one priority (SSS <Priority>,
         #: PSI/J ``pilot.priority``).
         self.priority = priority
+        #: Not started before this time (seconds since the epoch; JRDL jobStartTime) ...
+        self.not_before = not_before
+        #: ... or FAILED when not started this many seconds after its submission (JRDL jobStartBefore).
+        self.start_within = start_within
 
     @classmethod
     def of_description(cls, description: JobDescription) -> Request:

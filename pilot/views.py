@@ -5,6 +5,7 @@ Jobs that left memory (ended, or from an earlier daemon) are answered from the j
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pilot.allocations import allocation_of_node
@@ -49,6 +50,20 @@ def explain(core: Core, job_id: str) -> dict[str, Any]:
     reasons: list[str] = []
     if job.user_hold:
         reasons.append(f"it is held (SSS <Hold>): 'pilot release {job_id}' lets it run")
+    if book.early(job):
+        assert job.request.not_before is not None
+        reasons.append(
+            "it does not start before its start time (JRDL jobStartTime) "
+            + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(job.request.not_before))
+            + f", in {job.request.not_before - core.clock.wall:.0f} s"
+        )
+    if job.request.start_within is not None:
+        by = job.submitted + job.request.start_within
+        reasons.append(
+            "it ends FAILED if not started by "
+            + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(by))
+            + f" (JRDL jobStartBefore), in {by - core.clock.wall:.0f} s"
+        )
     if job.phase is Phase.BLOCKED:
         verdict, waits = book.graph.verdict(job.id)
         reasons += waits if verdict is Verdict.WAIT else []

@@ -50,6 +50,8 @@ class JobBook:
         #: Jobs in BEHIND or WITHDRAWING, oldest first: id -> since when (monotonic).
         self.behind: dict[str, float] = {}
         self.graph = JobGraph()
+        #: Unstarted jobs with a start time or a start-by bound (JRDL): checked by :meth:`check_times`.
+        self.timed: dict[str, JobRecord] = {}
         self.seq = 0  # the last job id given
         #: Jobs accepted since the last journal commit under a client's submit id: submit id -> job ids
         #: (one for a PSI/J job; every job of a document, which travels under one submit id).
@@ -147,7 +149,8 @@ class JobBook:
             else:
                 made.append(job.id)
         self.counts[JobState.QUEUED] += 1
-        if job.edges is None and not job.user_hold:
+        self._time(job)
+        if job.edges is None and not job.user_hold and not self.early(job):
             self.queue.push(job)
             return
         for edge in job.edges or ():
@@ -166,7 +169,8 @@ class JobBook:
             self.behind[job.id] = self.clock.mono  # waits behind a core again from now (reclaim's clock)
         if job.phase is not Phase.QUEUED:
             return
-        if job.edges is None and not job.user_hold:
+        self._time(job)
+        if job.edges is None and not job.user_hold and not self.early(job):
             self.queue.push(job)
         else:
             job.phase = Phase.BLOCKED
@@ -179,8 +183,39 @@ class JobBook:
         verdict, reasons = self.graph.verdict(job.id)
         if verdict is Verdict.NEVER:
             self.end(job, JobState.FAILED, message="not started: " + "; ".join(reasons))
-        elif verdict is Verdict.READY and not job.user_hold:
+        elif verdict is Verdict.READY and not job.user_hold and not self.early(job):
             self.move(job, Phase.QUEUED)
+
+    # -- start times ----------------------------------------------------------------------------------
+
+    def early(self, job: JobRecord) -> bool:
+        """Its start time (JRDL jobStartTime) is still to come: it waits blocked until then."""
+        not_before = job.request.not_before
+        return not_before is not None and not_before > self.clock.wall
+
+    def _time(self, job: JobRecord) -> None:
+        request = job.request
+        if request.not_before is not None or request.start_within is not None:
+            self.timed[job.id] = job
+
+    def check_times(self) -> None:
+        """Jobs whose start time came go to the queue; those not started within their bound end FAILED."""
+        now = self.clock.wall
+        for job in list(self.timed.values()):
+            if job.phase not in (Phase.QUEUED, Phase.BLOCKED):
+                del self.timed[job.id]  # placed (or ended): its start times are behind it
+                continue
+            within = job.request.start_within
+            if within is not None and now >= job.submitted + within:
+                del self.timed[job.id]
+                self.end(
+                    job,
+                    JobState.FAILED,
+                    message=f"not started: it had to start within {within:g} s of its submission "
+                    "(JRDL jobStartBefore), and it could not",
+                )
+            elif job.phase is Phase.BLOCKED and not self.early(job):
+                self.unblock(job)
 
     def _settle(self, job: JobRecord) -> None:
         """A job ended that others may depend on: their verdicts follow (and theirs, and so on)."""

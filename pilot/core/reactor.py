@@ -127,9 +127,10 @@ class Core:
             log.info("the daemon did not run", seconds=seconds)
 
     def on_tick(self) -> None:
-        """Heartbeats, agents that never came, allocations whose walltime margin is reached."""
+        """Heartbeats, agents that never came, jobs' start times, allocations whose walltime margin is reached."""
         self.agents.check_heartbeats()
         self._check_agents_started()
+        self.book.check_times()
         margin = self.config.pilot.walltime_margin
         for held in list(self.allocations.held.values()):
             end = held.end()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Protocol
 
-from pilot.frontends import psij, sss
+from pilot.frontends import jrdl, psij, sss
 from pilot.model.job_description import JobDescription
 from pilot.request import Request, Submission
 from pilot.scheduler.cluster import Cluster
@@ -20,7 +20,7 @@ class FrontEnd(Protocol):
 
 
 #: Document languages by the key their text travels under.
-DOCUMENTS: Final[dict[str, FrontEnd]] = {sss.DOCUMENT_KEY: sss}
+DOCUMENTS: Final[dict[str, FrontEnd]] = {sss.DOCUMENT_KEY: sss, jrdl.DOCUMENT_KEY: jrdl}
 
 #: What the journal keeps beside a job's description: its document, resolved dependency edges, Hold.
 JOURNAL_EXTRAS: Final = (*DOCUMENTS, "edges", "hold")
