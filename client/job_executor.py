@@ -280,21 +280,21 @@ class JobExecutor:
         """The pilot's own status: allocation, nodes, job counts (what ``pilot status`` shows)."""
         return self._backend.status()
 
-    def submit_sss(self, document: str | bytes) -> Sequence[Job]:
+    def submit_sss(self, document: str | bytes) -> SubmittedJobs:
         """Submit an SSS Job or JobGroup (XML text): one Job per SSS job, each followed like a submitted
         one (``wait()``, callbacks). Every job is checked first and all are accepted or none: a bad
         document raises InvalidJobException naming the line and element. Like :meth:`submit`, the
         document is made once however its answer is lost (one submit id for all its jobs)."""
         return self._submit_document("sss", document)
 
-    def submit_jrdl(self, document: str | bytes) -> Sequence[Job]:
+    def submit_jrdl(self, document: str | bytes) -> SubmittedJobs:
         """Submit a JRDL document (XML text): one Job per ``<job>``, as :meth:`submit_sss`. Table 1's
         HOME, LOGNAME and CUR_DIRL resolve to this process's (its home, user name and directory)."""
         return self._submit_document("jrdl", document, submitter=jrdl_submitter())
 
-    def _submit_document(self, key: str, document: str | bytes, **extra: Any) -> Sequence[Job]:
+    def _submit_document(self, key: str, document: str | bytes, **extra: Any) -> SubmittedJobs:
         text = document.decode("utf-8") if isinstance(document, bytes) else document
-        jobs: builtins.list[Job] = []
+        jobs = SubmittedJobs()
 
         def on_id(k: int, native_id: str) -> StatusSink:  # I/O thread, before any status of the job
             while len(jobs) <= k:
@@ -309,6 +309,8 @@ class JobExecutor:
         for job in jobs:
             if job.status.state is JobState.NEW:
                 job._set_status(JobStatus(JobState.QUEUED, time=t if isinstance(t, int | float) else None))
+        warnings = result.get("warnings")
+        jobs.warnings = [str(w) for w in warnings] if isinstance(warnings, list) else []
         return jobs
 
     def explain(self, job: Job | str) -> Sequence[str]:
@@ -346,6 +348,17 @@ class JobExecutor:
 
     def __repr__(self) -> str:
         return f"JobExecutor[pilot, {self.url or 'default'}]"
+
+
+class SubmittedJobs(builtins.list[Job]):
+    """The jobs of a submitted document, in its order, and ``warnings``: what the pilot accepted without
+    acting on it (elements marked ``awarenessPolicy="Warn"``)."""
+
+    warnings: builtins.list[str]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.warnings = []
 
 
 def status_of(report: StatusReport) -> JobStatus:

@@ -547,3 +547,15 @@ def test_submit_wait_follows_every_job_to_its_end(pilot: Pilot, work: Path) -> N
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert f"{first} COMPLETED" in proc.stdout
     assert f"{second} FAILED" in proc.stdout and "exited with code 5" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_submit_sss_returns_the_warnings_of_elements_it_did_not_act_on(start_pilot: Callable[..., Pilot]) -> None:
+    ex = start_pilot().executor()
+    jobs = ex.submit_sss(
+        '<Job><Executable>/bin/true</Executable><Machine awarenessPolicy="Warn">elsewhere.example.org</Machine></Job>'
+    )
+    assert len(jobs) == 1 and len(jobs.warnings) == 1, jobs.warnings
+    assert "<Machine>: this pilot runs on" in jobs.warnings[0] and jobs.warnings[0].endswith("; ignored")
+    status = jobs[0].wait(timeout=30)
+    assert status is not None and status.state is psij.JobState.COMPLETED

@@ -41,6 +41,9 @@ _CHILD_LEVEL: Final = {
 @dataclass(slots=True)
 class _Reader:
     warnings: list[str] = field(default_factory=list)
+    #: Read as a job to run here: a job's own values this pilot cannot honour (<User>, <Machine>, ...)
+    #: go to the awareness policy. Read as a record (examples, a job shown back), they are kept.
+    submitted: bool = False
 
     # -- awareness ------------------------------------------------------------------------------------
 
@@ -233,6 +236,8 @@ class _Reader:
             if bad is not None:
                 raise SssError(bad, element=path, line=el.line)
         why = spec.unsupported_value(prop) if category != "Delivered" else None
+        if why is None and category is None and spec.plain is not None and self.submitted:
+            why = spec.plain(prop)
         if why is not None:
             self.not_understood(policy, why, path=path, line=el.line)
             return None
@@ -297,10 +302,11 @@ class ReadResult:
     warnings: tuple[str, ...] = ()
 
 
-def read_job(data: str | bytes) -> ReadResult:
-    """A JobGroup or Job from SSS job XML. Raises :class:`SssError` naming the element and line."""
+def read_job(data: str | bytes, *, submitted: bool = False) -> ReadResult:
+    """A JobGroup or Job from SSS job XML. Raises :class:`SssError` naming the element and line.
+    ``submitted``: it is to run here (see ``_Reader.submitted``)."""
     root = xml.parse(data, what="SSS job XML")
-    reader = _Reader()
+    reader = _Reader(submitted=submitted)
     if root.tag == "JobGroup":
         value: JobGroup | Job = reader.job_group(root, "Reject")
     elif root.tag == "Job":

@@ -33,7 +33,7 @@ GROUP_LAUNCHERS: Final = ("multiple", "mpirun", "srun")
 def read_submission(data: str | bytes) -> tuple[list[Job], list[str]]:
     """The jobs of an SSS Job or JobGroup document (JobDefaults applied to each), and the reader's
     warnings (``awarenessPolicy="Warn"``). Raises :class:`SssError` naming the line and element."""
-    result = read_job(data)
+    result = read_job(data, submitted=True)
     obj = result.value
     if isinstance(obj, JobGroup):
         jobs = []

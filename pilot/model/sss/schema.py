@@ -9,7 +9,12 @@ taken from the spec's examples and prose, and otherwise from the description (no
 
 from __future__ import annotations
 
+import functools
+import getpass
+import grp
+import os
 import re
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -84,6 +89,8 @@ class ElementSpec:
     acted: bool = False  # this pilot acts on it (else: kept as information)
     unsupported: str | None = None  # why this pilot cannot honour it at all
     check: Callable[[Property], str | None] | None = None  # a value this pilot cannot honour: why
+    #: The same for the element uncategorized (the job's own value, not in <Requested>): why not.
+    plain: Callable[[Property], str | None] | None = None
 
     def unsupported_value(self, prop: Property) -> str | None:
         if self.unsupported is not None:
@@ -175,6 +182,52 @@ def _extension(p: Property) -> str | None:
     return f"Extension {name!r} is not one this pilot understands"
 
 
+@functools.cache
+def _identity() -> tuple[str, frozenset[str], frozenset[str]]:
+    """Who this pilot runs jobs as (its user and group names) and where (this host's names)."""
+    groups = set()
+    for gid in {os.getgid(), *os.getgroups()}:
+        try:
+            groups.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            groups.add(str(gid))
+    host = socket.gethostname()
+    hosts = {host, host.split(".")[0], socket.getfqdn()}
+    return getpass.getuser(), frozenset(groups), frozenset(hosts)
+
+
+def _plain_user(p: Property) -> str | None:
+    user = _identity()[0]
+    if p.value.strip() == user:
+        return None
+    return f"this pilot runs every job as user {user!r}; it cannot run one as {p.value.strip()!r}"
+
+
+def _plain_global_user(p: Property) -> str | None:
+    return f"this pilot cannot check a global identity; it runs every job as user {_identity()[0]!r}"
+
+
+def _plain_group(p: Property) -> str | None:
+    groups = _identity()[1]
+    if p.value.strip() in groups:
+        return None
+    return f"this pilot runs jobs with the groups {', '.join(sorted(groups))}; {p.value.strip()!r} is not one"
+
+
+def _plain_machine(p: Property) -> str | None:
+    hosts = _identity()[2]
+    if p.value.strip() in hosts:
+        return None
+    return f"this pilot runs on {min(hosts, key=len)!r}, not on {p.value.strip()!r}"
+
+
+def _plain_unchecked(p: Property) -> str | None:
+    return (
+        f"the job's own <{p.name}> is not checked by this pilot; put it in <Requested> to have it matched "
+        "against this pilot's values"
+    )
+
+
 def _norm(name: str) -> str:
     return re.sub(r"[^a-z]", "", name.lower())
 
@@ -209,17 +262,17 @@ JOB_PROPERTIES: Final[Mapping[str, ElementSpec]] = {
         _e("Name"),
         _e("State"),
         _e("Type"),
-        _e("Machine", categories=_RD, acted=True),
+        _e("Machine", categories=_RD, acted=True, plain=_plain_machine),
         _e("NodeCount", Kind.INTEGER, categories=_RD, acted=True),
         _e("OperatingSystem", categories=_RD, acted=True),
-        _e("Partition", categories=_RD, acted=True),
+        _e("Partition", categories=_RD, acted=True, plain=_plain_unchecked),
         _e("Priority", Kind.INTEGER, acted=True),
-        _e("QualityOfService", categories=_RD, acted=True),
+        _e("QualityOfService", categories=_RD, acted=True, plain=_plain_unchecked),
         _e("Queue", categories=_RD, acted=True),
         _e("Quote"),
         _e("Reservation", categories=_RD, acted=True),  # inferred
         _e("ReservationTime", Kind.DATETIME),
-        _e("ResourceManagerType", categories=_RD, acted=True),
+        _e("ResourceManagerType", categories=_RD, acted=True, plain=_plain_unchecked),
         _e("Restartable", Kind.BOOLEAN, acted=True),
         _e("Shell", unsupported="a Shell to interpret the job is not supported; make the shell the Executable"),
         _e("StagedTime", Kind.DATETIME),
@@ -234,10 +287,10 @@ JOB_PROPERTIES: Final[Mapping[str, ElementSpec]] = {
         _e("Duration", Kind.DURATION, categories=_RD, acted=True),
         # credentials (table 3), plus Account as the spec's own Requested example uses it
         _e("Project", categories=_RD, acted=True),
-        _e("GlobalUser", categories=_RD, acted=True),
-        _e("Group", categories=_RD, acted=True),
-        _e("User", categories=_RD, acted=True),
-        _e("Account", categories=_RD, acted=True),
+        _e("GlobalUser", categories=_RD, acted=True, plain=_plain_global_user),
+        _e("Group", categories=_RD, acted=True, plain=_plain_group),
+        _e("User", categories=_RD, acted=True, plain=_plain_user),
+        _e("Account", categories=_RD, acted=True, plain=_plain_unchecked),
         # structured job properties
         _e("Feature", attributes=frozenset({"aggregation", "delimiter"}), repeatable=True, categories=_RD,
            acted=True, check=_aggregation(("List", "Pattern"))),
