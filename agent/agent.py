@@ -382,7 +382,9 @@ class Agent:
         nodes) share one measurement per interval: a thousand of them would otherwise measure the same
         machine a thousand times a second (and psutil's cpu_percent is per process, since its last call)."""
         if self._own_ctx:
-            return probe.measures(self.node, disk_path=self._disk)
+            engine = self._engine
+            rss = engine.tasks_rss if isinstance(engine, ProcessEngine) else None
+            return probe.measures(self.node, disk_path=self._disk, tasks_rss=rss)
         key = (tuple(self.node.processors), self._disk)
         cached = _SHARED_MEASURES.get(key)
         if cached is None or now - cached[0] >= _SHARED_MEASURES_TTL:

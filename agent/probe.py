@@ -7,6 +7,7 @@ import os
 import platform
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +85,15 @@ def specs_from_env() -> list[dict[str, Any]] | None:
     return value
 
 
-def measures(node: NodeConfigured, *, disk_path: str) -> tuple[dict[str, float], dict[str, float]]:
+def measures(
+    node: NodeConfigured, *, disk_path: str, tasks_rss: Callable[[], int] | None = None
+) -> tuple[dict[str, float], dict[str, float]]:
     """This node's SGE load values (refreshed with every heartbeat, what matching compares against)
     and its SSS Utilized amounts, measured with psutil. Cheap non-blocking calls only: it runs on the
     agent's loop once per heartbeat; the machine-wide figures are shared by the virtual nodes of one
-    agent process (``nodes_per_agent``) for a fraction of a second, not measured once per node."""
+    agent process (``nodes_per_agent``) for a fraction of a second, not measured once per node.
+    ``tasks_rss``: the node's tasks' memory, its Utilized memory when it is a slice of this machine
+    (a virtual node: configured with less memory than the machine has)."""
     (load1, load5, load15), vm, sw, cpus, (disk_free, disk_used) = _machine(disk_path)
     n = max(1, len(node.processors))
     values = {
@@ -112,9 +117,12 @@ def measures(node: NodeConfigured, *, disk_path: str) -> tuple[dict[str, float],
     }
     real = {c for c in node.processors if c < len(cpus)}
     busy = sum(cpus[c] for c in real) / 100.0 if real else sum(cpus) / 100.0
+    used = float(vm.total - vm.available)
+    if tasks_rss is not None and node.memory < vm.total * 0.99:
+        used = float(tasks_rss())  # a virtual node (a slice of this machine): what its tasks hold
     utilized = {
         "processors": round(busy, 2),
-        "memory": float(vm.total - vm.available),
+        "memory": used,
         "swap": float(sw.used),
         "disk": disk_used,
     }

@@ -305,7 +305,13 @@ class ProcessEngine:
                 rss = proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
+            run.tree_rss = rss
             run.peak_tree_rss = max(run.peak_tree_rss, rss)
+
+    def tasks_rss(self) -> int:
+        """The running tasks' trees' RSS at their last sample (tasks under a second old not counted)."""
+        with self._lock:
+            return sum(r.tree_rss for r in self._by_ref.values())
 
     def stop(self) -> None:
         """Stop spawning; the caller has killed what runs. Threads end once the last child is reaped."""
@@ -400,6 +406,7 @@ class ProcessEngine:
         if run.popen is not None:
             run.popen.returncode = code  # reaped here: its Popen must not wait for it again
         data: dict[str, Any] = {
+            "pid": run.pid,
             "started": run.started,
             "exit_code": code if code >= 0 else None,
             "signal": -code if code < 0 else None,

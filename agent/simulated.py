@@ -146,6 +146,7 @@ class NullEngine:
         mono = time.monotonic()
         wall = max(0.0, mono - run.started_mono)
         data = {
+            "pid": 0,
             "started": run.started,
             "exit_code": exit_code,
             "signal": sig,

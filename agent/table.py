@@ -36,5 +36,6 @@ class Running:
     env: dict[str, str] | None = None  # a pre process's environment before its script ran
     reason: str | None = None  # why the agent signalled it (walltime, canceled, ...)
     peak_tree_rss: int = 0
+    tree_rss: int = 0  # its tree's RSS at the last sample (the node's Utilized memory, virtual nodes)
     start_event: TaskEvent | None = None  # its ``started`` event, which its exit makes redundant (_finish)
     tag: int = 0  # numbers the agent's starts: the mark its descendants inherit (agent.trees)

@@ -11,6 +11,7 @@ from typing import Any
 from pilot.allocations import allocation_of_node
 from pilot.core.jobs import History
 from pilot.core.lifecycle import RECLAIM_AFTER
+from pilot.core.outcome import task_entries
 from pilot.core.phase import Phase
 from pilot.core.reactor import Core
 from pilot.formats import write_job, write_nodes
@@ -173,10 +174,7 @@ def show(core: Core, job_id: str) -> dict[str, Any]:
         except DescriptionError as exc:
             return {"error": f"job {job_id}: its journaled description cannot be read: {exc}"}
         held = False
-        tasks = [
-            TaskStatus(int(g), int(t), str(n), list(c), list(gp))
-            for g, t, n, c, gp in (status[5] or {}).get("tasks", [])
-        ]
+        tasks = [TaskStatus.from_entry(entry) for entry in (status[5] or {}).get("tasks", [])]
     st = JobStatus(
         id=job_id,
         state=JobState(status[1]),
@@ -195,7 +193,7 @@ def show(core: Core, job_id: str) -> dict[str, Any]:
 def _task_status(job: JobRecord) -> list[TaskStatus]:
     placement = job.run.placement
     if placement is not None:
-        return [TaskStatus(t.group, t.task, t.node, t.cores, t.gpus) for t in placement.tasks]
+        return [TaskStatus.from_entry(entry) for entry in task_entries(job)]
     return [TaskStatus(0, i, r.node, r.cores, r.gpus) for i, r in enumerate(job.run.ranks)]
 
 
@@ -207,12 +205,16 @@ def nodes_xml(core: Core) -> str:
         slots = nodes.slots.get(name)
         m = nodes.cluster.nodes.get(name)
         ledger = nodes.resources.ledgers.get(name)
+        held = core.allocations.of_node(name)
         out.append(
             node_object(
                 agent.node,
-                state={"active": "Idle" if slots is not None and not slots.holders else "Busy"}.get(
-                    agent.state, "Down"
+                state=_node_state(
+                    agent.state, confirmed=agent.confirmed, busy=slots is not None and bool(slots.holders)
                 ),
+                description=f"node of allocation {allocation_of_node(name)}"
+                + (f" (site {held.site.name!r}, {held.site.lrm.kind})" if held is not None else "")
+                + f" on host {agent.node.hostname}; its agent is {agent.state}",
                 free_processors=len(slots.free_cores) if slots is not None else None,
                 free_gpus=len(slots.free_gpus) if slots is not None else None,
                 free_memory=slots.free_memory if slots is not None else None,
@@ -229,6 +231,17 @@ def nodes_xml(core: Core) -> str:
             )
         )
     return write_nodes(out)
+
+
+def _node_state(agent: str, *, confirmed: bool, busy: bool) -> str:
+    """The SSS Node State (the spec's: Offline, Configured, Unknown, Idle, Busy) of an agent's node."""
+    if agent == "active":
+        if not confirmed:
+            return "Unknown"  # recovered from the journal; its agent has not registered again yet
+        return "Busy" if busy else "Idle"
+    if agent in ("lost", "gone", "stopped"):
+        return "Offline"
+    return "Unknown"
 
 
 def status(core: Core, *, pilot: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import textwrap
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -559,3 +560,81 @@ def test_submit_sss_returns_the_warnings_of_elements_it_did_not_act_on(start_pil
     assert "<Machine>: this pilot runs on" in jobs.warnings[0] and jobs.warnings[0].endswith("; ignored")
     status = jobs[0].wait(timeout=30)
     assert status is not None and status.state is psij.JobState.COMPLETED
+
+
+@pytest.mark.timeout(120)
+def test_show_has_each_tasks_process_and_exit_code_and_each_groups_delivered(pilot: Pilot, work: Path) -> None:
+    """Issue 20, defect 9: every Task element of a finished job names its process and exit code (as the
+    task saw its own pid), and every TaskGroup has its own Delivered."""
+    script = work / "pid.sh"
+    script.write_text(
+        '#!/bin/sh\necho $$ > "$1.$PILOT_TASK_GROUP.$PILOT_TASK_ID"\n'
+        # the failing task ends last: a failed task's job stops the others, whose exit codes would differ
+        '[ "$PILOT_TASK_GROUP" = 1 ] && sleep 1\nexit $((PILOT_TASK_GROUP * 3))\n'
+    )
+    script.chmod(0o755)
+    [job_id] = submit(
+        pilot,
+        work / "pids.xml",
+        f"""
+        <Job>
+          <Executable>{script}</Executable>
+          <Arguments>{work}/p</Arguments>
+          <TaskGroup><Name>ok</Name><TaskCount>2</TaskCount></TaskGroup>
+          <TaskGroup><Name>bad</Name><TaskCount>1</TaskCount></TaskGroup>
+        </Job>
+        """,
+    )
+    root = final(pilot, job_id)
+    assert root.findtext("State") == "Failed"
+    groups = root.findall("TaskGroup")
+    assert [g.findtext("Name") for g in groups] == ["ok", "bad"]
+    for gi, (group, code) in enumerate(zip(groups, ["0", "3"], strict=True)):
+        delivered = group.find("Delivered")
+        assert delivered is not None and delivered.findtext("Processors") == str(len(group.findall("Task")))
+        assert delivered.find("CpuDuration") is not None and delivered.find("Duration") is not None
+        for task in group.findall("Task"):
+            seen_pid = (work / f"p.{gi}.{task.findtext('Id')}").read_text().strip()
+            assert task.findtext("Process") == seen_pid
+            assert task.findtext("ExitCode") == code
+
+
+@pytest.mark.timeout(120)
+def test_nodes_have_a_description_a_spec_state_and_their_own_utilized_memory(pilot: Pilot, work: Path) -> None:
+    """Issue 20, defect 9: the Node object's Description and State (the spec's Idle/Busy), and a virtual
+    node's Utilized memory is what its own tasks hold, not the machine's."""
+    gate = work / "gate"
+    hog = work / "hog.py"
+    hog.write_text(
+        "import pathlib, sys, time\n"
+        "block = bytearray(200 * 1024 * 1024)\n"
+        "block[::4096] = b'x' * len(block[::4096])\n"
+        "while not pathlib.Path(sys.argv[1]).exists():\n"
+        "    time.sleep(0.05)\n"
+    )
+    [job_id] = submit(
+        pilot,
+        work / "hog.xml",
+        f"""
+        <Job>
+          <Executable>{sys.executable}</Executable>
+          <Arguments>{hog} {gate}</Arguments>
+          <Requested><Node>local-1</Node></Requested>
+        </Job>
+        """,
+    )
+
+    def measured() -> dict[str, ET.Element] | None:
+        nodes = {n.findtext("Id") or "": n for n in ET.fromstring(pilot.cli("nodes", "--xml").stdout).findall("Node")}
+        memory = nodes["local-1"].findtext("Utilized/Memory") if "local-1" in nodes else None
+        return nodes if memory is not None and float(memory) >= 200 else None
+
+    try:
+        nodes = wait_for(measured, timeout=30, what="local-1's Utilized memory to show its task's 200 MB")
+        assert nodes["local-1"].findtext("State") == "Busy" and nodes["local-2"].findtext("State") == "Idle"
+        assert float(nodes["local-2"].findtext("Utilized/Memory") or 0) < 50  # no task of its own
+        description = nodes["local-1"].findtext("Description") or ""
+        assert description.startswith("node of allocation a1 (site 'main', local) on host "), description
+    finally:
+        gate.touch()
+    assert final(pilot, job_id).findtext("State") == "Completed"

@@ -159,6 +159,9 @@ class Lifecycle(Part):
             return
         run = job.run
         if kind == "started":
+            pid = data.get("pid")
+            if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+                plan.pid = pid
             if job.phase in (Phase.BEHIND, Phase.WITHDRAWING):
                 self.book.move(job, Phase.RANKS)
             if run.started is None:

@@ -4,7 +4,7 @@ names the cause (not the collateral), and the Delivered resources."""
 from __future__ import annotations
 
 import signal as _signal
-from typing import Any
+from typing import Any, Final
 
 from pilot.jobs import JobRecord
 from pilot.model.job_state import JobState
@@ -82,12 +82,38 @@ def delivered(job: JobRecord, exit_code: int | None) -> dict[str, Any]:
         "exit_code": exit_code,
         "signal": signal,
         **({"started": run.started} if run.started is not None else {}),
-        **(
-            {"tasks": [[t.group, t.task, t.node, t.cores, t.gpus] for t in run.placement.tasks]}
-            if run.placement is not None
-            else {}
-        ),
+        **({"tasks": task_entries(job)} if run.placement is not None else {}),
     }
+
+
+#: What Delivered keeps of each task's process (SSS Task Process and ExitCode, per-TaskGroup sums).
+_TASK_KEYS: Final = ("pid", "wall_duration", "user_cpu_time", "system_cpu_time", "max_rss")
+
+
+def task_entries(job: JobRecord) -> list[list[Any]]:
+    """Each placed task as [group, task, node, cores, gpus, process]: ``process`` is what its process
+    delivered (pid, exit_code, times, max_rss, and ``slot``, which tasks of one parallel launch share),
+    empty until it has ended."""
+    run = job.run
+    assert run.placement is not None
+    first: dict[int, int] = {}
+    for i, t in enumerate(run.placement.tasks):
+        first.setdefault(t.group, i)
+    out: list[list[Any]] = []
+    for i, t in enumerate(run.placement.tasks):
+        slot = i if i in run.results else first[t.group]  # a parallel launch: one process for the group
+        r = run.results.get(slot)
+        process: dict[str, Any] = {}
+        plan = run.processes.get(slot)
+        if plan is not None and plan.pid is not None:  # running: its pid so far
+            process = {"pid": plan.pid, "slot": slot, "running": True}
+        if r is not None:
+            process = {k: r.data[k] for k in _TASK_KEYS if r.data.get(k) is not None}
+            process["slot"] = slot
+            if r.exit_code is not None:
+                process["exit_code"] = r.exit_code
+        out.append([t.group, t.task, t.node, t.cores, t.gpus, process])
+    return out
 
 
 def _signame(sig: int) -> str:

@@ -53,6 +53,8 @@ class PlannedProcess:
     order: ProcessOrder
     #: Indices into the job's ranks whose slots this process holds; released when it exits.
     holds: list[int]
+    #: Its process id on the node, once the agent reported it started (SSS Task Process).
+    pid: int | None = None
 
 
 class Launcher(ABC):

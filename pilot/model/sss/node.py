@@ -63,6 +63,7 @@ def node_object(
     node: NodeConfigured,
     *,
     state: str | None = None,
+    description: str | None = None,
     free_processors: int | None = None,
     free_gpus: int | None = None,
     free_memory: int | None = None,
@@ -86,6 +87,8 @@ def node_object(
         props.append(Property.of("Opsys", node.os))
     if node.architecture:
         props.append(Property.of("Arch", node.architecture))
+    if description:
+        props.append(Property.of("Description", description))
     if state:
         props.append(Property.of("State", state))
     for f in features if features is not None else node.features:

@@ -26,6 +26,25 @@ class TaskStatus:
     gpus: Sequence[int] = ()
     process: int | None = None
     exit_code: int | None = None
+    #: What its process delivered (the daemon's keys: pid, slot, wall_duration, cpu times, max_rss).
+    delivered: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_entry(cls, entry: Sequence[Any]) -> TaskStatus:
+        """One entry of the daemon's Delivered ``tasks``: [group, task, node, cores, gpus(, process)]."""
+        g, t, n, c, gp = entry[:5]
+        process = entry[5] if len(entry) > 5 and isinstance(entry[5], Mapping) else {}
+        pid, code = process.get("pid"), process.get("exit_code")
+        return cls(
+            int(g),
+            int(t),
+            str(n),
+            list(c),
+            list(gp),
+            process=pid if isinstance(pid, int) and pid > 0 else None,
+            exit_code=code if isinstance(code, int) else None,
+            delivered=process,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +112,7 @@ def job_with_status(job: Job, status: JobStatus) -> Job:
             new_groups.append(tg)
             continue
         tasks = []
+        delivered_group = group_delivered(placed)
         for t in placed:
             own = tg.tasks[t.task].properties.items if t.task < len(tg.tasks) else []
             keep = [p for p in own if p.name not in ("Id", "Node", "Process", "ExitCode", "Extension")]
@@ -106,5 +126,25 @@ def job_with_status(job: Job, status: JobStatus) -> Job:
             if t.gpus:
                 items_t.append(Property.of("Extension", ",".join(map(str, t.gpus)), name="GPUs", type="Placement"))
             tasks.append(Task(Properties(items_t + keep)))
+        if delivered_group:
+            p = tg.properties
+            tg = replace(tg, properties=Properties(p.items, p.requested, delivered_properties(delivered_group)))
         new_groups.append(replace(tg, tasks=tasks))
     return Job(props, new_groups, job.task_group_defaults, dict(job.attributes), job.line)
+
+
+def group_delivered(tasks: Sequence[TaskStatus]) -> dict[str, Any]:
+    """A task group's Delivered, from its tasks' processes once all have ended (each process counted
+    once: the tasks of one parallel launch share it); {} before."""
+    if not tasks or any(not t.delivered or t.delivered.get("running") for t in tasks):
+        return {}
+    processes = {int(t.delivered.get("slot", -1 - i)): t.delivered for i, t in enumerate(tasks)}
+    return {
+        "wall_duration": max(float(d.get("wall_duration") or 0) for d in processes.values()),
+        "user_cpu_time": sum(float(d.get("user_cpu_time") or 0) for d in processes.values()),
+        "system_cpu_time": sum(float(d.get("system_cpu_time") or 0) for d in processes.values()),
+        "max_rss": max(int(d.get("max_rss") or 0) for d in processes.values()),
+        "processors": sum(len(t.cores) for t in tasks),
+        "gpus": sum(len(t.gpus) for t in tasks),
+        "nodes": sorted({t.node for t in tasks}),
+    }
