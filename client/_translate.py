@@ -66,8 +66,18 @@ def spec_to_wire(spec: Any) -> dict[str, Any]:
         description["custom_attributes"] = {
             str(k): v if isinstance(v, _SCALARS) else str(v) for k, v in dict(custom).items()
         }
+    _refuse_staging(spec)
     description["submit_directory"] = os.getcwd()
     return description
+
+
+def _refuse_staging(spec: Any) -> None:
+    """A staging spec the pilot does not act on is refused, never ignored."""
+    for name in ("stage_in", "stage_out", "cleanup"):
+        if getattr(spec, name, None):
+            raise InvalidJobException(
+                f"JobSpec.{name} is not supported by this pilot yet: stage files in pre_launch/post_launch scripts"
+            )
 
 
 def _put(description: dict[str, Any], key: str, value: Any) -> None:
