@@ -548,6 +548,10 @@ _TO_SSS: Final = {
     JobState.NEW: "NotQueued",
     JobState.QUEUED: "Idle",
     JobState.ACTIVE: "Running",
+    # The staging states (after ACTIVE, so that "Running" reads back as ACTIVE): the job is on its node.
+    JobState.STAGE_IN: "Running",
+    JobState.STAGE_OUT: "Running",
+    JobState.CLEANUP: "Running",
     JobState.COMPLETED: "Completed",
     JobState.FAILED: "Failed",
     JobState.CANCELED: "Canceled",
