@@ -256,10 +256,11 @@ class Agent:
         self._submit()  # what came before this message first: a KILL or WITHDRAW finds its order
         if isinstance(msg, Kill):
             for ref in msg.processes:
+                # The stager first: the engine takes any ref as its own while it is starting processes.
+                if self._stager.kill(ref, reason=msg.reason):
+                    continue
                 if self._engine.kill(ref, reason=msg.reason):
                     self._add_timer(time.monotonic() + self._kill_grace, ref, "kill")
-                else:
-                    self._stager.kill(ref, reason=msg.reason)
         elif isinstance(msg, Withdraw):
             for ref in msg.processes:
                 self._engine.withdraw(ref)
@@ -417,6 +418,8 @@ class Agent:
         for ref in self._engine.running():
             self._engine.kill(ref, reason=reason)
         self._engine.kill_rest()
+        for ref in self._stager.running():
+            self._stager.kill(ref, reason=reason)
 
     def _advance_stop(self, now: float) -> None:
         if not self._engine.busy() and not self._stager.busy():

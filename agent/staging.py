@@ -73,6 +73,10 @@ class Stager:
         self._notify()
         return True
 
+    def running(self) -> list[ProcessRef]:
+        with self._lock:
+            return list(self._orders)
+
     def drain(self) -> list[TaskEvent]:
         with self._lock:
             events, self._events = self._events, []

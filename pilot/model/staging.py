@@ -101,7 +101,10 @@ class Staging:
         for item in _items(raw.get("cleanup"), f"{where}.cleanup"):
             if not isinstance(item, str) or not item or len(item) > _MAX_STR:
                 raise StagingError(f"{where}.cleanup holds paths (non-empty strings), not {item!r}")
-            cleanup.append(job_path(item, where=f"{where}.cleanup"))
+            path = job_path(item, where=f"{where}.cleanup")
+            if path in (".", "/"):
+                raise StagingError(f"{where}.cleanup {item!r} names a whole directory tree; list what to remove in it")
+            cleanup.append(path)
         flags = _flags(raw.get("cleanup_flags", ALWAYS), f"{where}.cleanup_flags")
         return cls(stage_in, stage_out, tuple(cleanup), flags)
 
