@@ -548,10 +548,10 @@ _TO_SSS: Final = {
     JobState.NEW: "NotQueued",
     JobState.QUEUED: "Idle",
     JobState.ACTIVE: "Running",
-    # The staging states (after ACTIVE, so that "Running" reads back as ACTIVE): the job is on its node.
-    JobState.STAGE_IN: "Running",
-    JobState.STAGE_OUT: "Running",
-    JobState.CLEANUP: "Running",
+    # The staging states keep PSI/J's names (the spec's list is open), as the final states do.
+    JobState.STAGE_IN: "StageIn",
+    JobState.STAGE_OUT: "StageOut",
+    JobState.CLEANUP: "Cleanup",
     JobState.COMPLETED: "Completed",
     JobState.FAILED: "Failed",
     JobState.CANCELED: "Canceled",
