@@ -460,6 +460,7 @@ def test_the_fast_path_puts_every_field_where_it_belongs() -> None:
         nodefile_hosts=["h"],
         script="s.sh",
         after_cores=True,
+        stream=True,
     )
     raw = order.to_wire()
     # Every field but the limits and staging steps (which take the checked path) differs.

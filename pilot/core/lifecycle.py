@@ -93,6 +93,10 @@ class Lifecycle(Part):
             )
             return
         agent.processes.add((plan.order.job_id, plan.order.slot))
+        if plan.order.role not in STAGING_ROLES and job.description.streams_output(
+            default=self.config.pilot.stream_output
+        ):
+            plan.order.stream = True
         order = plan.order.to_wire()
         self.outbox.orders[plan.node].append(order)
         self.outbox.journal.process_dispatched(job.id, plan, order_wire=order)

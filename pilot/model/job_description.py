@@ -11,6 +11,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
+from pilot.model.output_stream import STREAM_OUTPUT
 from pilot.model.staging import Staging, StagingError
 
 LAUNCHERS: Final = ("single", "multiple", "mpirun", "srun")
@@ -85,6 +86,11 @@ class JobDescription:
         """SSS ``Restartable``: run again elsewhere when its node is lost (PSI/J: custom attribute)."""
         return self.custom_attributes.get(RESTARTABLE) is True
 
+    def streams_output(self, *, default: bool) -> bool:
+        """Its stdout/stderr without a file go to its node's stream file (custom attribute, else the pilot's)."""
+        value = self.custom_attributes.get(STREAM_OUTPUT)
+        return value if isinstance(value, bool) else default
+
     @property
     def retries(self) -> int:
         value = self.custom_attributes.get(RETRIES)
@@ -136,6 +142,8 @@ class JobDescription:
         if custom:
             if not isinstance(custom, dict) or not all(isinstance(k, str) for k in custom):
                 raise DescriptionError("JobAttributes.custom_attributes must be a map with string keys")
+            if not isinstance(custom.get(STREAM_OUTPUT, False), bool):
+                raise DescriptionError(f"JobAttributes.custom_attributes[{STREAM_OUTPUT!r}] must be true or false")
             if not isinstance(custom.get(RESTARTABLE, False), bool):
                 raise DescriptionError(f"JobAttributes.custom_attributes[{RESTARTABLE!r}] must be true or false")
             retries = custom.get(RETRIES, DEFAULT_RETRIES)

@@ -55,6 +55,8 @@ class ProcessOrder:
     rlimits: list[list[Any]] = field(default_factory=list)
     #: The staging roles' steps (pilot.model.staging.Step wire forms), relative paths under ``directory``.
     staging: list[list[Any]] = field(default_factory=list)
+    #: Its stdout/stderr without a file go to its node's stream file (pilot.model.output_stream).
+    stream: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         """The fields every order has, then the optional ones that differ from their defaults (an absent
@@ -119,6 +121,7 @@ class ProcessOrder:
             after_cores=wire.opt_field(raw, "after_cores", bool, False),
             rlimits=_rlimits(raw.get("rlimits")),
             staging=_staging(raw.get("staging")),
+            stream=wire.opt_field(raw, "stream", bool, False),
         )
 
 
@@ -217,10 +220,16 @@ def _from_wire_fast(raw: Any) -> ProcessOrder | None:
     staging = get("staging")
     if staging is not None and not (type(staging) is list and not staging):
         return None
-    # Positional, in field order: a keyword call of 23 names costs more than the checks above.
+    stream = get("stream")
+    if stream is None:
+        stream = False
+    elif type(stream) is not bool:
+        return None
+    # Positional, in field order: a keyword call of 24 names costs more than the checks above.
     return ProcessOrder(
         job_id, slot, role, executable, list(arguments), env, pre_env, pre_unset, inherit, directory,
         stdin, stdout, stderr, truncate, list(cores), list(gpus), walltime, rank_env, hosts, script, after, [], [],
+        stream,
     )  # fmt: skip
 
 
