@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import ClassVar
 from urllib.parse import unquote, urlsplit
@@ -32,10 +33,16 @@ def place(source: Path, target: Path, *, mode: str) -> None:
         shutil.move(source, target)
     elif source.is_dir():
         shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
-    else:
-        if target.is_symlink():
-            target.unlink()  # a copy replaces a link, never writes through it
-        shutil.copy2(source, target)
+    else:  # beside the target, then renamed over it: a failed copy leaves nothing half-written (and a
+        # copy replaces a link there, never writes through it)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        os.close(fd)
+        try:
+            shutil.copy2(source, tmp)
+            os.replace(tmp, target)
+        finally:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
 
 
 def _clear(target: Path) -> None:
