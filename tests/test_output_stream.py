@@ -7,6 +7,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import PYTHON, Pilot
 from pilot_waits import agents_active, wait_for
@@ -109,3 +110,25 @@ def test_a_bad_stream_output_attribute_is_refused(start_pilot: Callable[..., Pil
     job = psij.Job(psij.JobSpec("/bin/true", attributes=psij.JobAttributes(custom_attributes={STREAM_OUTPUT: "yes"})))
     with pytest.raises(psij.InvalidJobException, match=r"pilot\.stream_output"):
         ex.submit(job)
+
+
+def test_a_task_writing_32_mib_is_streamed_whole_and_never_through_the_daemon(
+    start_pilot: Callable[..., Pilot], tmp_path: Path
+) -> None:
+    pilot = start_pilot(STREAMED, name="big")
+    ex = pilot.executor()
+    agents_active(ex, 2)
+    daemon = psutil.Process(pilot.pid)
+    before = daemon.memory_info().rss
+    size = 32 << 20
+    job = psij.Job(psij.JobSpec("/bin/sh", ["-c", f"head -c {size} /dev/zero | tr '\\0' x"], directory=tmp_path))
+    ex.submit(job)
+    status = job.wait(timeout=120)
+    assert status is not None and status.state is psij.JobState.COMPLETED, status
+    assert job.native_id is not None
+    native_id = job.native_id
+    wait_for(lambda: len(job_output(native_id, rundir=pilot.rundir.path)[0]) == size, 30, "all 32 MiB")
+    out, err = job_output(native_id, rundir=pilot.rundir.path)
+    assert out == b"x" * size and err == b""
+    # The output went pipe -> agent -> file: the daemon's memory did not grow by anything like it.
+    assert daemon.memory_info().rss - before < size // 2, (before, daemon.memory_info().rss)
