@@ -326,3 +326,29 @@ def test_a_job_canceled_while_staging_in_ends_canceled_and_never_runs(
     status = job.wait(timeout=WAIT)
     assert status is not None and status.state is psij.JobState.CANCELED, status
     assert not marker.exists(), "a job canceled while staging in ran"
+
+
+def test_pre_launch_sees_the_staged_files_and_stage_out_follows_post_launch(
+    start_pilot: Callable[..., Pilot], tmp_path: Path
+) -> None:
+    pilot = start_pilot()
+    ex = pilot.executor()
+    (tmp_path / "src.txt").write_text("IN")
+    work = tmp_path / "work"
+    work.mkdir()
+    pre = tmp_path / "pre.sh"
+    pre.write_text("cat in.txt > pre.txt\n")
+    post = tmp_path / "post.sh"
+    post.write_text("cat pre.txt main.txt > post.txt\n")
+    spec = psij.JobSpec(
+        "/bin/sh",
+        ["-c", "echo MAIN > main.txt"],
+        directory=work,
+        pre_launch=pre,
+        post_launch=post,
+        stage_in={StageIn(tmp_path / "src.txt", "in.txt")},
+        stage_out={StageOut("post.txt", tmp_path / "out.txt")},
+    )
+    _, status, _ = run(ex, spec)
+    assert status.state is psij.JobState.COMPLETED, status
+    assert (tmp_path / "out.txt").read_text() == "INMAIN\n"
