@@ -18,6 +18,8 @@ from pilot_waits import agents_active, list_when_back, wait_for
 import client as psij
 from client.staging import URI, StageIn, StageOut, StageOutFlags, StagingMode
 
+pytestmark = pytest.mark.timeout(180)
+
 WAIT = 60
 
 
