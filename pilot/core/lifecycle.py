@@ -255,8 +255,8 @@ class Lifecycle(Part):
             self._requeue(job)
         elif phase is Phase.STAGE_OUT:
             self._clean_up(job)
-        elif phase is not Phase.STAGE_IN and phase is not Phase.CLEANUP and run.started is not None:
-            self._stage_out(job)  # (a job whose stage-in failed or that never started has nothing to take out)
+        elif job.request.staging and phase is not Phase.STAGE_IN and phase is not Phase.CLEANUP:
+            self._stage_out(job)  # (after a failed or canceled stage-in nothing of the job ran: no stage-out)
         else:
             self.finish(job)
 

@@ -106,3 +106,28 @@ def test_a_daemon_restarted_during_stage_in_neither_stages_again_nor_runs_twice(
         again.exited("n0", job, STAGE_IN)
         step = again.step()
     assert roles(step.orders("n0")) == [("rank", 0)], "the ranks' order goes out exactly once"
+
+
+def test_a_daemon_restarted_during_stage_out_goes_on_to_the_cleanup_and_the_outcome(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    env = CoreEnv(store=Store.open(path))
+    env.register("n0")
+    (job,) = env.submit(true(staging=STAGED))
+    env.step()
+    env.exited("n0", job, STAGE_IN)
+    env.step()
+    env.exited("n0", job, code=3)  # failed: the ON_ERROR stage-out is chosen too
+    step = env.step()
+    # A process that failed, whatever it managed: its outcome chooses the stage-outs.
+    assert step.orders("n0")[0]["staging"] == [
+        ["out.txt", "/r/ok.txt", "copy", False],
+        ["err.txt", "/r/err.txt", "copy", False],
+    ]
+    again = env.restarted(path)
+    assert again.job(job).phase is Phase.STAGE_OUT and again.job(job).state is JobState.STAGE_OUT
+    step = again.register("n0", events=[[job, STAGE_OUT, "exited", again.clock.wall, {"exit_code": 0}]])
+    assert roles(step.orders("n0")) == [("cleanup", CLEANUP)], "the cleanup goes out once; nothing is staged again"
+    again.exited("n0", job, CLEANUP)
+    again.step()
+    told = again.told(job)
+    assert JobState(told[1]) is JobState.FAILED and told[3] == 3, told
