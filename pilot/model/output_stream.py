@@ -13,7 +13,7 @@ default with ``[pilot] stream_output = true``. Only the streams the job names no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
@@ -54,46 +54,60 @@ class Reader:
         return out
 
     def _read_file(self, path: Path) -> Iterable[tuple[int, str, bytes]]:
+        """Whole records after the last read. The file is hostile input: a record that is not one ends
+        the read of this file there (for good: the agent never writes one)."""
         offset = self._offsets.get(path, 0)
-        found = []
+        found: list[tuple[int, str, bytes]] = []
         unpacker = msgpack.Unpacker(use_list=True, raw=False, max_buffer_size=_CHUNK + 2 * MAX_RECORD)
+        done = 0  # bytes of whole records read (tell() also counts a torn record's start)
         try:
             with path.open("rb") as f:
                 f.seek(offset)
                 while chunk := f.read(_CHUNK):
-                    unpacker.feed(chunk)
-                    for job_id, slot, stream, data in _records(unpacker):
-                        if job_id == self._job or job_id.startswith(self._prefix):  # type: ignore[attr-defined]
+                    try:
+                        unpacker.feed(chunk)
+                    except msgpack.BufferFull:  # a "record" longer than any the agent writes
+                        break
+                    while (record := _next(unpacker)) is not None:
+                        if record is _DAMAGED:
+                            self._offsets[path] = offset + done
+                            return found
+                        done = unpacker.tell()
+                        job_id, slot, stream, data = record
+                        if job_id == self._job or job_id.startswith(self._prefix):
                             found.append((slot, stream, data))
         except OSError:
             pass
-        self._offsets[path] = offset + unpacker.tell()
-        return found  # type: ignore[return-value]
+        self._offsets[path] = offset + done
+        return found
 
 
 _CHUNK: Final = 4 << 20
 
 
-def _records(unpacker: msgpack.Unpacker) -> Iterator[list[object]]:
-    """Whole, well-formed records (the file is hostile input: anything else ends the read of it)."""
-    while True:
-        try:
-            record = next(unpacker)
-        except (StopIteration, msgpack.OutOfData):
-            return
-        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-            return
-        if not (
-            isinstance(record, list)
-            and len(record) == 4
-            and isinstance(record[0], str)
-            and type(record[1]) is int
-            and record[2] in STREAMS
-            and isinstance(record[3], bytes)
-            and len(record[3]) <= MAX_RECORD
-        ):
-            return
-        yield record
+_DAMAGED: Final[tuple[str, int, str, bytes]] = ("", 0, "", b"")
+
+
+def _next(unpacker: msgpack.Unpacker) -> tuple[str, int, str, bytes] | None:
+    """The next whole record; None when the data read so far ends (maybe inside one); _DAMAGED for
+    anything that is not a record."""
+    try:
+        record = next(unpacker)
+    except (StopIteration, msgpack.OutOfData):
+        return None
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        return _DAMAGED
+    if not (
+        isinstance(record, list)
+        and len(record) == 4
+        and isinstance(record[0], str)
+        and type(record[1]) is int
+        and record[2] in STREAMS
+        and isinstance(record[3], bytes)
+        and len(record[3]) <= MAX_RECORD
+    ):
+        return _DAMAGED
+    return (record[0], record[1], record[2], record[3])
 
 
 __all__ = ["MAX_RECORD", "STREAM_OUTPUT", "SUFFIX", "Reader", "pack", "stream_files"]
