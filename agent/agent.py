@@ -27,9 +27,10 @@ import zmq
 from agent import probe
 from agent.processes import ProcessEngine
 from agent.simulated import NullEngine
+from agent.staging import Stager
 from pilot import wire
 from pilot.model.node import NodeConfigured
-from pilot.model.process_order import ProcessOrder
+from pilot.model.process_order import STAGING_ROLES, ProcessOrder
 from pilot.security import Credentials
 from pilot.wire.curve import secure_client, watch_handshakes
 from pilot.wire.messages import (
@@ -104,6 +105,8 @@ class Agent:
             self._engine = NullEngine(duration=null_duration)
         else:
             raise ValueError(f"launch must be 'spawn' or 'null', not {launch!r}")
+        #: Staging orders (files in before a job's processes, out after) run here, in worker threads.
+        self._stager = Stager(node=node.name, workdir=workdir, notify=self._engine_event)
         self._out: list[bytes] = []
         #: A loop in a thread of its own turns under this lock; between turns, while ``_direct``, the
         #: engine's threads may take it to send their events themselves (_engine_event), and the loop
@@ -148,6 +151,7 @@ class Agent:
             for ref in self._engine.running():
                 self._engine.kill(ref, reason="agent exiting", sig=signal.SIGKILL)
             await anyio.to_thread.run_sync(self._engine.stop)
+            await anyio.to_thread.run_sync(self._stager.stop)
             self._forward()
             self._queue(Bye(self.node.name))
             self._send_out()
@@ -252,6 +256,9 @@ class Agent:
         self._submit()  # what came before this message first: a KILL or WITHDRAW finds its order
         if isinstance(msg, Kill):
             for ref in msg.processes:
+                # The stager first: the engine takes any ref as its own while it is starting processes.
+                if self._stager.kill(ref, reason=msg.reason):
+                    continue
                 if self._engine.kill(ref, reason=msg.reason):
                     self._add_timer(time.monotonic() + self._kill_grace, ref, "kill")
         elif isinstance(msg, Withdraw):
@@ -279,6 +286,11 @@ class Agent:
     def _submit(self) -> None:
         if self._orders:
             orders, self._orders = self._orders, []
+            if any(o.role in STAGING_ROLES for o in orders):
+                for o in orders:
+                    if o.role in STAGING_ROLES:
+                        self._stager.submit(o)
+                orders = [o for o in orders if o.role not in STAGING_ROLES]
             self._engine.submit(orders)
 
     # -- outbound ---------------------------------------------------------------------------------
@@ -306,6 +318,9 @@ class Agent:
     def _forward(self, events: list[Any] | None = None) -> None:
         if events is None:
             events = self._engine.drain()
+            staged = self._stager.drain()
+            if staged:
+                events += staged
         if not events:
             return
         # A process that started and exited within one batch is reported by its exit alone (it carries
@@ -351,7 +366,9 @@ class Agent:
                 self._next_beat = now + self._heartbeat
             else:
                 running, events = self._engine.snapshot()
-                self._forward(events)
+                staging, staged = self._stager.snapshot()
+                running += staging
+                self._forward(events + staged)
                 self._queue(
                     Register(
                         self.node,
@@ -401,9 +418,11 @@ class Agent:
         for ref in self._engine.running():
             self._engine.kill(ref, reason=reason)
         self._engine.kill_rest()
+        for ref in self._stager.running():
+            self._stager.kill(ref, reason=reason)
 
     def _advance_stop(self, now: float) -> None:
-        if not self._engine.busy():
+        if not self._engine.busy() and not self._stager.busy():
             self._done = True
         elif now >= self._stop_deadline and self._stopping == "term":
             for ref in self._engine.running():

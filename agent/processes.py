@@ -97,6 +97,7 @@ class ProcessEngine:
     def start(self) -> None:
         self._trees.start()  # the child subreaper first: no task's descendant may go to init
         self._reaper.start(devnull=self._spawners.devnull)
+        self._spawners.streams.start()
         self._spawners.thread.start()
 
     def submit(self, orders: list[ProcessOrder]) -> None:
@@ -326,6 +327,7 @@ class ProcessEngine:
         for t in threads:
             t.join(timeout=10)
         self._trees.stop()  # what the tasks left running: nothing of theirs outlives the agent
+        self._spawners.streams.stop()  # after its writers are gone: their last output is kept
         if not any(t.is_alive() for t in threads):
             self._spawners.close()
 

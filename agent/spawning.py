@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from agent import environment
+from agent.output_streams import StreamCollector
 from agent.table import Running
 from agent.trees import MARK
 from pilot.model.node import NodeConfigured
@@ -111,6 +112,8 @@ class Spawners:
         self._all_cpus = sorted(os.sched_getaffinity(0))
         self._cwd = os.getcwd()  # the agent's; spawner threads each have their own (see _own_cwd)
         self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        #: Where streamed tasks' output goes (started and stopped by the engine).
+        self.streams = StreamCollector(node=node.name, workdir=workdir)
         self._null_actions = [(os.POSIX_SPAWN_DUP2, self.devnull, i) for i in range(3)]  # (_NO_STREAMS)
         #: Real cpus that one declared core alone maps to: their pinned spawner runs one task at a time
         #: and waits for it itself, so the next one starts on the same thread (see _loop). Only with
@@ -225,7 +228,12 @@ class Spawners:
                 argv = ["/bin/sh", "-c", _POST_SCRIPT, "pilot-post", script]
         files: list[int] = []
         try:
-            if order.stdin_path is None and order.stdout_path is None and order.stderr_path is None:
+            if (
+                order.stdin_path is None
+                and order.stdout_path is None
+                and order.stderr_path is None
+                and not order.stream
+            ):
                 streams = _NO_STREAMS
             else:
                 streams = self._streams(order, cwd, files)
@@ -310,6 +318,10 @@ class Spawners:
             stderr = stdout
         else:
             stderr = _open(order.stderr_path, cwd, mode, files, "stderr_path")
+        if order.stream:  # what has no file goes to the node's stream (agent.output_streams)
+            out, err = self.streams.pipes(order, files)
+            stdout = stdout if out is None else out
+            stderr = stderr if err is None else err
         return stdin, stdout, stderr
 
     def _posix_spawn(

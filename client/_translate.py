@@ -66,8 +66,65 @@ def spec_to_wire(spec: Any) -> dict[str, Any]:
         description["custom_attributes"] = {
             str(k): v if isinstance(v, _SCALARS) else str(v) for k, v in dict(custom).items()
         }
+    description.update(_staging(spec))
     description["submit_directory"] = os.getcwd()
     return description
+
+
+def _staging(spec: Any) -> dict[str, Any]:
+    """stage_in, stage_out, cleanup and cleanup_flags in their wire form (duck-typed: psij-python's
+    development branch has the same names). Paths on the submitting side are made absolute here, against
+    this process's working directory (the PSI/J rule); the pilot checks the rest and refuses what it
+    cannot do (an unknown URL scheme, a relative target leaving the job's directory)."""
+    out: dict[str, Any] = {}
+    stage_in = getattr(spec, "stage_in", None)
+    stage_out = getattr(spec, "stage_out", None)
+    cleanup = getattr(spec, "cleanup", None)
+    if stage_in:
+        out["stage_in"] = [[_url(s.source, "stage_in"), str(s.target), _mode(s.mode)] for s in _ordered(stage_in)]
+    if stage_out:
+        out["stage_out"] = [
+            [str(s.source), _url(s.target, "stage_out"), _mode(s.mode), _flag_value(s.flags)]
+            for s in _ordered(stage_out)
+        ]
+    if cleanup:
+        out["cleanup"] = sorted(str(p) for p in cleanup)
+    flags = getattr(spec, "cleanup_flags", None)
+    if cleanup and flags is not None:
+        out["cleanup_flags"] = _flag_value(flags)
+    return out
+
+
+def _ordered(items: Any) -> list[Any]:
+    """A set's items in a fixed order (by their text): the same job always stages alike."""
+    try:
+        return sorted(items, key=str)
+    except TypeError:
+        raise InvalidJobException("JobSpec staging directives must be a set or list of StageIn/StageOut") from None
+
+
+def _url(value: Any, field: str) -> str:
+    """A URL as given; a plain path (a Path, or a URI/string without scheme) made absolute."""
+    text = str(value)
+    if getattr(value, "scheme", None) or "://" in text:
+        return text
+    if not text:
+        raise InvalidJobException(f"JobSpec.{field} has an empty path")
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def _mode(mode: Any) -> str:
+    name = getattr(mode, "name", None)
+    if not isinstance(name, str):
+        raise InvalidJobException(f"a staging mode must be a StagingMode, not {mode!r}")
+    return name.lower()
+
+
+def _flag_value(flags: Any) -> int:
+    value = getattr(flags, "value", flags)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidJobException(f"staging flags must be StageOutFlags, not {flags!r}")
+    return value
 
 
 def _put(description: dict[str, Any], key: str, value: Any) -> None:

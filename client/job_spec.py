@@ -7,6 +7,7 @@ from typing import Any
 
 from client.job_attributes import JobAttributes
 from client.resource_spec import ResourceSpec
+from client.staging import StageIn, StageOut, StageOutFlags
 
 
 def _path(value: str | Path | None) -> Path | None:
@@ -30,6 +31,10 @@ class JobSpec:
         pre_launch: str | Path | None = None,
         post_launch: str | Path | None = None,
         launcher: str | None = None,
+        stage_in: set[StageIn] | None = None,
+        stage_out: set[StageOut] | None = None,
+        cleanup: set[str | Path] | None = None,
+        cleanup_flags: StageOutFlags = StageOutFlags.ALWAYS,
     ) -> None:
         self.executable = executable
         self.arguments = arguments
@@ -45,6 +50,12 @@ class JobSpec:
         self.pre_launch = _path(pre_launch)
         self.post_launch = _path(post_launch)
         self.launcher = launcher
+        #: Files put in place before the processes start, taken out after they end, removed last.
+        self.stage_in = stage_in
+        self.stage_out = stage_out
+        self.cleanup = cleanup
+        #: When ``cleanup`` happens (the job's outcome), as for a StageOut.
+        self.cleanup_flags = cleanup_flags
 
     @property
     def name(self) -> str | None:
@@ -53,6 +64,14 @@ class JobSpec:
     @name.setter
     def name(self, value: str | None) -> None:
         self._name = value
+
+    @property
+    def cleanup(self) -> set[Path] | None:
+        return self._cleanup
+
+    @cleanup.setter
+    def cleanup(self, value: set[str | Path] | None) -> None:
+        self._cleanup = None if value is None else {Path(p) for p in value}
 
     @property
     def environment(self) -> dict[str, str] | None:

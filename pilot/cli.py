@@ -89,6 +89,11 @@ def main(argv: list[str] | None = None) -> None:
     where(rl)
     rl.add_argument("ids", nargs="+")
 
+    lg = sub.add_parser("logs", help="a streamed job's output (pilot.stream_output), read from the stream files")
+    where(lg)
+    lg.add_argument("id")
+    lg.add_argument("-f", "--follow", action="store_true", help="follow it until the job ends")
+
     run = sub.add_parser("run", help="the main job: N short tasks through the PSI/J client")
     run.add_argument("-n", "--tasks", type=int, default=1000)
     run.add_argument("--url", help="pilot address or run dir (default: running pilot, else embedded)")
@@ -113,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
             _nodes(args)
         elif args.command == "credentials":
             _credentials(args)
+        elif args.command == "logs":
+            _logs(args)
     except config_mod.ConfigError as exc:
         print(f"pilot: config error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -524,3 +531,41 @@ def _dur(seconds: float) -> str:
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f}G"
+
+
+# -- logs (output streaming) --------------------------------------------------------------------------
+
+
+def _logs(args: argparse.Namespace) -> None:
+    """Print a streamed job's stdout and stderr (to ours); with -f, follow it until the daemon says the job
+    is final, then print what its agent wrote last."""
+    from client.output import OutputReader
+
+    rundir = _rundir(args)
+    reader = OutputReader(args.id, rundir=rundir.path)
+    _print_records(reader.read())
+    if not args.follow:
+        return
+    import client as psij
+
+    ex = psij.JobExecutor.get_instance("pilot", url=str(rundir.path))
+    try:
+        job = psij.Job()
+        ex.attach(job, args.id)
+        while job.wait(timeout=0.25) is None:
+            _print_records(reader.read())
+        time.sleep(0.5)  # the agent appends what the job's pipes still held when it exited
+        _print_records(reader.read())
+    except psij.InvalidJobException as exc:
+        print(f"pilot: {exc}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        ex.close()
+
+
+def _print_records(records: list[tuple[int, str, bytes]]) -> None:
+    for _, stream, data in records:
+        out = sys.stdout.buffer if stream == "out" else sys.stderr.buffer
+        out.write(data)
+    sys.stdout.buffer.flush()
+    sys.stderr.buffer.flush()

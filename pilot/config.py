@@ -58,6 +58,9 @@ class PilotSettings:
     #: Seconds a queued job that does not fit may wait before the queue holds for it: then no job queued
     #: behind it (lower priority, or later) starts until it has, so smaller jobs cannot starve it; 0: never.
     reserve_after: float = 300.0
+    #: Tasks' stdout/stderr without a file go to a few stream files per node (a job's custom attribute
+    #: ``pilot.stream_output`` overrides it): pilot.model.output_stream.
+    stream_output: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +198,7 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
             p, "journal_snapshot_seconds", float, "pilot.", source, d.journal_snapshot_seconds
         ),
         reserve_after=_get(p, "reserve_after", float, "pilot.", source, d.reserve_after),
+        stream_output=_get(p, "stream_output", bool, "pilot.", source, d.stream_output),
     )
     if not pilot.reserve_after >= 0:
         raise ConfigError(

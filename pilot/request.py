@@ -23,6 +23,7 @@ from pilot.launchers import LAUNCHERS
 from pilot.launchers.base import GroupLaunch, TaskLaunch
 from pilot.model.job_description import JobDescription, ResourceRequest
 from pilot.model.sss.job import Dependency, Job
+from pilot.model.staging import Staging
 from pilot.scheduler.dag import NewJob
 from pilot.scheduler.distribution import JobRequest
 
@@ -52,6 +53,7 @@ class Request:
         "resolved",
         "shown",
         "slots",
+        "staging",
         "start_within",
         "where",
     )
@@ -72,6 +74,7 @@ class Request:
         priority: int = 0,
         not_before: float | None = None,
         start_within: float | None = None,
+        staging: Staging | None = None,
     ) -> None:
         if (slots is None) == (resolved is None):
             raise ValueError("a request has exactly one placement shape: slots or resolved")
@@ -99,6 +102,8 @@ class Request:
         self.not_before = not_before
         #: ... or FAILED when not started this many seconds after its submission (JRDL jobStartBefore).
         self.start_within = start_within
+        #: Files in before its processes, out after, removed last (any language's; see pilot.model.staging).
+        self.staging = staging if staging is not None else description.staging
 
     @classmethod
     def of_description(cls, description: JobDescription) -> Request:

@@ -547,13 +547,13 @@ class Store:
 
 
 def _taken(job: JobRecord) -> list[bool]:
-    """Which ranks still hold their slots: none once the job is done; all while pre_launch runs (the
+    """Which ranks still hold their slots: none once the job is done; all while it stages in or pre_launch runs (the
     daemon takes them at start and frees them at the end); else those an outstanding process holds."""
     run = job.run
     n = len(run.ranks)
     if job.final or job.phase in (Phase.DONE, Phase.QUEUED):
         return [False] * n
-    if job.phase is Phase.PRE_LAUNCH:
+    if job.phase is Phase.PRE_LAUNCH or job.phase is Phase.STAGE_IN:
         return [True] * n
     held = [False] * n
     for plan in run.processes.values():

@@ -332,6 +332,13 @@ _VALID_ORDER = ProcessOrder(
     nodefile_hosts=["h"],
     after_cores=True,
 ).to_wire()
+#: Staging steps of a process order: a copy and a cleanup step, and two wrong in one place each.
+_STEPS = [
+    [["a", "b", "copy", False]],
+    [["a", "b", "zap", False]],
+    [["a", "b", "copy", 1]],
+    [["a", "", "remove", True]],
+]
 
 
 @st.composite
@@ -346,11 +353,15 @@ def _order_maps(draw: st.DrawFn) -> Any:
                 st.one_of(
                     _values,
                     st.floats(),
-                    st.sampled_from(["pre", "post", "rank", "ranks", -1, -2, [], {}, [["A", "1"]], ["x", 1]]),
+                    st.sampled_from(
+                        ["pre", "post", "rank", "ranks", "stage_in", -1, -2, [], {}, [["A", "1"]], ["x", 1]]
+                    ),
                 )
             )
     if draw(st.booleans()):
         order[draw(_text)] = draw(_values)
+    if draw(st.booleans()):
+        order["staging"] = draw(st.sampled_from(_STEPS) | _values)
     return order if draw(st.integers(0, 9)) else draw(_values)
 
 
@@ -363,7 +374,8 @@ def test_process_order_from_wire_raises_only_protocol_error(raw_order: Any) -> N
     except ProtocolError as exc:
         assert str(exc)
         return
-    assert order.role in ("rank", "pre", "post")
+    assert order.role in ("rank", "pre", "post", "stage_in")
+    assert all(step[2] in ("copy", "link", "move", "remove") and type(step[3]) is bool for step in order.staging)
     assert order.walltime is None or (math.isfinite(order.walltime) and order.walltime > 0), order.walltime
     assert ProcessOrder.from_wire(order.to_wire()) == order
 
@@ -448,9 +460,11 @@ def test_the_fast_path_puts_every_field_where_it_belongs() -> None:
         nodefile_hosts=["h"],
         script="s.sh",
         after_cores=True,
+        stream=True,
     )
     raw = order.to_wire()
-    assert set(raw) == set(process_order._FIELDS) - {"rlimits"}  # every field but the limits differs
+    # Every field but the limits and staging steps (which take the checked path) differs.
+    assert set(raw) == set(process_order._FIELDS) - {"rlimits", "staging"}
     assert process_order._from_wire_fast(raw) == order
 
 

@@ -133,6 +133,7 @@ class Agents(Part):
         self.nodes.slots[agent.name].usable = True
         self.nodes.invalidate()
         refs = set(running)
+        journaled = set(agent.processes)  # orders a replayed event sends now are not "never received"
         for ev in events:
             self.lifecycle.on_process_event(agent, ev)
         kills = self.outbox.kills[agent.name]
@@ -143,7 +144,7 @@ class Agents(Part):
         for job_id, slot in sorted(agent.processes):
             job = self.book.jobs.get(job_id.partition("~")[0])
             plan = job.run.processes.get(slot) if job is not None else None
-            if job is None or plan is None:
+            if job is None or plan is None or (job_id, slot) not in journaled:
                 continue
             if (job_id, slot) not in refs:
                 self.outbox.orders[agent.name].append(plan.order.to_wire())  # never reached the agent

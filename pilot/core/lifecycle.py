@@ -18,7 +18,8 @@ from pilot.core.state import CoreState, Part
 from pilot.jobs import Attempt, JobRecord, ProcessResult
 from pilot.launchers import PlannedProcess
 from pilot.model.job_state import JobState
-from pilot.model.process_order import POST, PRE
+from pilot.model.process_order import CLEANUP, POST, PRE, STAGE_IN, STAGE_OUT, STAGING_ROLES
+from pilot.model.staging import Step, steps_cleanup, steps_in, steps_out
 from pilot.scheduler.passes import Placed
 from pilot.wire.messages import TaskEvent
 
@@ -37,14 +38,27 @@ class Lifecycle(Part):
     # -- out ------------------------------------------------------------------------------------------
 
     def start(self, job: JobRecord, placed: Placed) -> None:
-        """A job was placed: its pre_launch order goes out, or its ranks' orders."""
-        d = job.description
+        """A job was placed: its stage-in order goes out, or its pre_launch order, or its ranks' orders."""
         run = job.run
         ranks, run.placement = placed
         run.ranks = ranks
         job.placements += 1
         run.taken = [True] * len(ranks)
         self.book.changed(job, placed=True)
+        staging = job.request.staging
+        if staging.stage_in:
+            self.book.move(job, Phase.STAGE_IN)
+            if job.state is JobState.QUEUED:  # (a restartable job run again stays ACTIVE)
+                self.book.set_state(job, JobState.STAGE_IN, self.clock.wall)
+            self._stage(job, STAGE_IN, "stage_in", steps_in(staging))
+            return
+        self._launch(job, staged=False)
+
+    def _launch(self, job: JobRecord, *, staged: bool) -> None:
+        """Its pre_launch order goes out, or its ranks' orders. ``staged``: its files were staged in, so
+        ranks behind a busy core wait for it at their agent, never taken back (nor staged again)."""
+        d = job.description
+        ranks = job.run.ranks
         plans = self.planner.ranks(job, environment=None)
         if d.pre_launch or self.planner.shares_output(job, plans):
             self.book.move(job, Phase.PRE_LAUNCH)
@@ -53,7 +67,7 @@ class Lifecycle(Part):
             self.dispatch(job, PlannedProcess(ranks[0].node, order, []))
             return
         behind = ranks[0].behind
-        self.book.move(job, Phase.BEHIND if behind else Phase.RANKS)
+        self.book.move(job, Phase.BEHIND if behind and not staged else Phase.RANKS)
         for p in plans:
             p.order.after_cores = behind
             self.dispatch(job, p)
@@ -67,6 +81,9 @@ class Lifecycle(Part):
             p.order.walltime = self.planner.walltime_left(job)
             self.dispatch(job, p)
 
+    def _stage(self, job: JobRecord, slot: int, role: str, steps: list[Step]) -> None:
+        self.dispatch(job, self.planner.staging(job, slot=slot, role=role, steps=steps))
+
     def dispatch(self, job: JobRecord, plan: PlannedProcess) -> None:
         agent = self.nodes.agents.get(plan.node)
         job.run.processes[plan.order.slot] = plan
@@ -76,6 +93,10 @@ class Lifecycle(Part):
             )
             return
         agent.processes.add((plan.order.job_id, plan.order.slot))
+        if plan.order.role not in STAGING_ROLES and job.description.streams_output(
+            default=self.config.pilot.stream_output
+        ):
+            plan.order.stream = True
         order = plan.order.to_wire()
         self.outbox.orders[plan.node].append(order)
         self.outbox.journal.process_dispatched(job.id, plan, order_wire=order)
@@ -167,7 +188,7 @@ class Lifecycle(Part):
             if run.started is None:
                 run.started = t
                 self.book.changed(job)
-            if job.state is JobState.QUEUED:
+            if job.state is JobState.QUEUED or job.state is JobState.STAGE_IN:
                 self.book.set_state(job, JobState.ACTIVE, t)
         elif kind == "failed":
             self.process_done(job, slot, ProcessResult(agent.name, plan.order.role, message=str(data.get("message"))))
@@ -183,7 +204,8 @@ class Lifecycle(Part):
             started = data.get("started")
             if run.started is None and isinstance(started, int | float) and not isinstance(started, bool):
                 run.started = float(started)  # its start came in the same batch as its exit
-            run.ended = max(run.ended or 0.0, t)
+            if plan.order.role not in STAGING_ROLES:  # Delivered counts the processes' time only
+                run.ended = max(run.ended or 0.0, t)
             result = ProcessResult(
                 agent.name,
                 plan.order.role,
@@ -219,27 +241,59 @@ class Lifecycle(Part):
             self.kill_outstanding(job, reason=f"another process of job {job.id} failed")
         if run.processes:
             return
-        failed = any(not r.ok for r in run.results.values())
-        if job.phase is Phase.PRE_LAUNCH and not failed and job.cancel_reason is None:
+        go_on = job.cancel_reason is None and all(r.ok for r in run.results.values())
+        phase = job.phase
+        if phase is Phase.STAGE_IN and go_on:
+            self._launch(job, staged=True)
+        elif phase is Phase.PRE_LAUNCH and go_on:
             self._start_ranks(job)
-        elif job.phase is Phase.RANKS and not failed and job.cancel_reason is None and job.description.post_launch:
+        elif phase is Phase.RANKS and go_on and job.description.post_launch:
             self.book.move(job, Phase.POST_LAUNCH)
             order = self.planner.hook(job, slot=POST, role="post", script=job.description.post_launch, truncate=False)
             self.dispatch(job, PlannedProcess(run.ranks[0].node, order, []))
         elif self._retries(job):
             self._requeue(job)
+        elif phase is Phase.STAGE_OUT:
+            self._clean_up(job)
+        elif job.request.staging and phase is not Phase.STAGE_IN and phase is not Phase.CLEANUP:
+            self._stage_out(job)  # (after a failed or canceled stage-in nothing of the job ran: no stage-out)
         else:
             self.finish(job)
+
+    def _outcome(self, job: JobRecord) -> str:
+        return outcome(job, walltime_margin=self.config.pilot.walltime_margin)[0].value
+
+    def _stage_out(self, job: JobRecord) -> None:
+        """Its processes are done: the stage-outs its outcome selects, then the cleanup (or the end)."""
+        staging = job.request.staging
+        outgoing = staging.outgoing(self._outcome(job)) if staging.stage_out else []
+        if not outgoing:
+            self._clean_up(job)
+            return
+        self.book.move(job, Phase.STAGE_OUT)
+        self.book.set_state(job, JobState.STAGE_OUT, self.clock.wall)
+        self._stage(job, STAGE_OUT, "stage_out", steps_out(outgoing))
+
+    def _clean_up(self, job: JobRecord) -> None:
+        """The cleanup, when its flags select the outcome (a failed stage-out counts: the job failed)."""
+        staging = job.request.staging
+        if not staging.cleans_up(self._outcome(job)):
+            self.finish(job)
+            return
+        self.book.move(job, Phase.CLEANUP)
+        self.book.set_state(job, JobState.CLEANUP, self.clock.wall)
+        self._stage(job, CLEANUP, "cleanup", steps_cleanup(staging))
 
     def finish(self, job: JobRecord) -> None:
         """The job's last process is done (or will never report): its final state, from its results."""
         self.nodes.release_all(job)
+        staged_out = job.phase is Phase.STAGE_OUT or job.phase is Phase.CLEANUP
         self.book.move(job, Phase.DONE)
         state, exit_code, message = outcome(job, walltime_margin=self.config.pilot.walltime_margin)
         self.book.set_state(
             job,
             state,
-            job.run.ended or self.clock.wall,
+            self.clock.wall if staged_out else job.run.ended or self.clock.wall,
             exit_code=exit_code,
             message=message,
             metadata=delivered(job, exit_code),

@@ -8,6 +8,7 @@ from typing import Any, Final
 
 from pilot.jobs import JobRecord
 from pilot.model.job_state import JobState
+from pilot.model.process_order import STAGING_ROLES
 
 
 def outcome(job: JobRecord, *, walltime_margin: float) -> tuple[JobState, int | None, str | None]:
@@ -15,7 +16,8 @@ def outcome(job: JobRecord, *, walltime_margin: float) -> tuple[JobState, int | 
     run = job.run
     results = sorted(run.results.items(), key=lambda kv: (kv[0] < 0, kv[0]))
     bad = [(slot, r) for slot, r in results if not r.ok]
-    if job.cancel_reason is not None and (bad or not results):
+    # Canceled: something was stopped, or nothing but its staging ran (canceled while staging in).
+    if job.cancel_reason is not None and (bad or all(r.role in STAGING_ROLES for _, r in results)):
         return JobState.CANCELED, None, job.cancel_reason
     if not bad:
         return JobState.COMPLETED, 0, None
@@ -79,6 +81,7 @@ def delivered(job: JobRecord, exit_code: int | None) -> dict[str, Any]:
         "consumption_rate": (user + system) / (wall * processors) if wall > 0 and processors else 0.0,
         "nodes": sorted({r.node for r in run.ranks}),
         "processes": sum(1 for slot in run.results if slot >= 0),
+        **_staging(run.results.values()),
         "exit_code": exit_code,
         "signal": signal,
         **({"started": run.started} if run.started is not None else {}),
@@ -114,6 +117,20 @@ def task_entries(job: JobRecord) -> list[list[Any]]:
                 process["exit_code"] = r.exit_code
         out.append([t.group, t.task, t.node, t.cores, t.gpus, process])
     return out
+
+
+def _staging(results: Any) -> dict[str, Any]:
+    """What its agent's stage-in cache saved: ``stage_in_cache_hits`` (sources found in the node's cache)
+    and ``stage_in_transfers`` (sources fetched), present only for a job that staged in."""
+    for r in results:
+        if r.role == "stage_in" and isinstance(r.data.get("staging"), dict):
+            counts = r.data["staging"]
+            return {
+                f"stage_in_{k}": v
+                for k, v in counts.items()
+                if k in ("cache_hits", "transfers") and type(v) is int and v >= 0
+            }
+    return {}
 
 
 def _signame(sig: int) -> str:

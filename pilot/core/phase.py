@@ -22,12 +22,18 @@ class Phase(Enum):
     BEHIND = "behind"
     #: Of those, one asked back from its agent (WITHDRAW) to be placed again on a free core.
     WITHDRAWING = "withdrawing"
+    #: Its node's agent puts its files in place (stage-in); its slots are held, nothing of it runs yet.
+    STAGE_IN = "stage_in"
     #: Its pre_launch script (or the launch preparation of shared output files) runs.
     PRE_LAUNCH = "pre"
     #: Its ranks run.
     RANKS = "ranks"
     #: Its post_launch script runs.
     POST_LAUNCH = "post"
+    #: Its processes are done; its agent takes the files its outcome selects out (stage-out) ...
+    STAGE_OUT = "stage_out"
+    #: ... and then removes the paths its cleanup lists.
+    CLEANUP = "cleanup"
     #: Ended: its final state is set; it leaves memory after the flush that sends it.
     DONE = "done"
 
@@ -54,9 +60,12 @@ _JOURNALED: Final = {
     Phase.QUEUED: "queued",
     Phase.BEHIND: "behind",
     Phase.WITHDRAWING: "withdrawing",
+    Phase.STAGE_IN: "stage_in",
     Phase.PRE_LAUNCH: "pre",
     Phase.RANKS: "ranks",
     Phase.POST_LAUNCH: "post",
+    Phase.STAGE_OUT: "stage_out",
+    Phase.CLEANUP: "cleanup",
     Phase.DONE: "done",
 }
 
@@ -64,13 +73,17 @@ _FROM_JOURNAL: Final = {
     "queued": Phase.QUEUED,
     "behind": Phase.BEHIND,
     "withdrawing": Phase.WITHDRAWING,
+    "stage_in": Phase.STAGE_IN,
     "pre": Phase.PRE_LAUNCH,
     "ranks": Phase.RANKS,
     "post": Phase.POST_LAUNCH,
+    "stage_out": Phase.STAGE_OUT,
+    "cleanup": Phase.CLEANUP,
     "done": Phase.DONE,
 }
 
-_PLACED: Final = (Phase.BEHIND, Phase.WITHDRAWING, Phase.PRE_LAUNCH, Phase.RANKS, Phase.POST_LAUNCH)
+_RUNNING: Final = (Phase.BEHIND, Phase.WITHDRAWING, Phase.PRE_LAUNCH, Phase.RANKS, Phase.POST_LAUNCH)
+_PLACED: Final = (Phase.STAGE_IN, *_RUNNING, Phase.STAGE_OUT, Phase.CLEANUP)
 
 #: Allowed moves. A placed job goes back to QUEUED when it is requeued (restartable, node lost) or
 #: given back unstarted (withdrawn); any unfinished job may end (canceled, failed, stranded).
@@ -85,6 +98,14 @@ MOVES: Final[frozenset[tuple[Phase, Phase]]] = frozenset(
         (Phase.WITHDRAWING, Phase.RANKS),
         (Phase.PRE_LAUNCH, Phase.RANKS),
         (Phase.RANKS, Phase.POST_LAUNCH),
+        # Staging: in before anything of the job runs (its ranks then wait at the agent for busy cores
+        # rather than behind them here: a job taken back would be staged again elsewhere), out and
+        # cleanup after the last process.
+        (Phase.QUEUED, Phase.STAGE_IN),
+        (Phase.STAGE_IN, Phase.PRE_LAUNCH),
+        (Phase.STAGE_IN, Phase.RANKS),
+        *((p, Phase.STAGE_OUT) for p in _RUNNING),
+        *((p, Phase.CLEANUP) for p in (*_RUNNING, Phase.STAGE_OUT)),
         *((p, Phase.QUEUED) for p in _PLACED),
         *((p, Phase.DONE) for p in (Phase.BLOCKED, Phase.QUEUED, *_PLACED)),
     }

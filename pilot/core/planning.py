@@ -11,6 +11,7 @@ from pilot.jobs import JobRecord
 from pilot.launchers import PlannedProcess, job_directory
 from pilot.launchers.base import Launcher
 from pilot.model.process_order import ProcessOrder
+from pilot.model.staging import Step
 
 
 class Planner:
@@ -124,3 +125,17 @@ class Planner:
             nodefile_hosts=self.nodes.hostnames(job),
             script=script,
         )
+
+    def staging(self, job: JobRecord, *, slot: int, role: str, steps: list[Step]) -> PlannedProcess:
+        """The order that has the agent of the job's first node stage its files (no process, no slots)."""
+        order = ProcessOrder(
+            job_id=job.proc_id,
+            slot=slot,
+            role=role,
+            executable="",
+            directory=job_directory(job.description),
+            truncate_output=False,
+            rank_environment={"PILOT_JOB_ID": job.id},
+            staging=[s.to_wire() for s in steps],
+        )
+        return PlannedProcess(job.run.ranks[0].node, order, [])

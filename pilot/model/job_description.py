@@ -11,6 +11,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
+from pilot.model.output_stream import STREAM_OUTPUT
+from pilot.model.staging import Staging, StagingError
+
 LAUNCHERS: Final = ("single", "multiple", "mpirun", "srun")
 _NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: "$" would let a final newline in
 _MAX_STR: Final = 1 << 20
@@ -68,14 +71,25 @@ class JobDescription:
     reservation_id: str | None = None
     custom_attributes: dict[str, Any] = field(default_factory=dict)
     submit_directory: str | None = None  # the client's cwd: the default job directory
+    #: Files in before its processes, out after them, removed last (wire: stage_in, stage_out, cleanup,
+    #: cleanup_flags, as PSI/J names them).
+    staging: Staging = field(default_factory=Staging)
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["staging"]
+        out.update(self.staging.to_wire())
+        return out
 
     @property
     def restartable(self) -> bool:
         """SSS ``Restartable``: run again elsewhere when its node is lost (PSI/J: custom attribute)."""
         return self.custom_attributes.get(RESTARTABLE) is True
+
+    def streams_output(self, *, default: bool) -> bool:
+        """Its stdout/stderr without a file go to its node's stream file (custom attribute, else the pilot's)."""
+        value = self.custom_attributes.get(STREAM_OUTPUT)
+        return value if isinstance(value, bool) else default
 
     @property
     def retries(self) -> int:
@@ -128,6 +142,8 @@ class JobDescription:
         if custom:
             if not isinstance(custom, dict) or not all(isinstance(k, str) for k in custom):
                 raise DescriptionError("JobAttributes.custom_attributes must be a map with string keys")
+            if not isinstance(custom.get(STREAM_OUTPUT, False), bool):
+                raise DescriptionError(f"JobAttributes.custom_attributes[{STREAM_OUTPUT!r}] must be true or false")
             if not isinstance(custom.get(RESTARTABLE, False), bool):
                 raise DescriptionError(f"JobAttributes.custom_attributes[{RESTARTABLE!r}] must be true or false")
             retries = custom.get(RETRIES, DEFAULT_RETRIES)
@@ -136,10 +152,16 @@ class JobDescription:
                     f"JobAttributes.custom_attributes[{RETRIES!r}] must be a whole number from 0 to {MAX_RETRIES}"
                 )
             fields["custom_attributes"] = custom
+        if any(raw.get(k) is not None for k in _STAGING_FIELDS):
+            try:
+                fields["staging"] = Staging.from_wire(raw)
+            except StagingError as exc:
+                raise DescriptionError(str(exc)) from None
         return cls(executable=executable, resources=_resources(raw.get("resources")), **fields)
 
 
-_FIELDS: Final = frozenset(JobDescription.__dataclass_fields__)
+_STAGING_FIELDS: Final = ("stage_in", "stage_out", "cleanup", "cleanup_flags")
+_FIELDS: Final = frozenset(JobDescription.__dataclass_fields__) - {"staging"} | frozenset(_STAGING_FIELDS)
 _OPTIONAL_STRINGS: Final = (
     "directory",
     "name",

@@ -6,11 +6,15 @@ from enum import Enum
 
 
 class JobState(Enum):
-    """NEW < QUEUED < ACTIVE < {COMPLETED, FAILED, CANCELED}; final states are mutually incomparable."""
+    """NEW < QUEUED < STAGE_IN < ACTIVE < STAGE_OUT < CLEANUP < {COMPLETED, FAILED, CANCELED}; final
+    states are mutually incomparable. Only a job with file staging enters the three staging states."""
 
     NEW = "NEW"
     QUEUED = "QUEUED"
+    STAGE_IN = "STAGE_IN"
     ACTIVE = "ACTIVE"
+    STAGE_OUT = "STAGE_OUT"
+    CLEANUP = "CLEANUP"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELED = "CANCELED"
@@ -25,7 +29,7 @@ class JobState(Enum):
 
     @property
     def final(self) -> bool:
-        return _ORDER[self] == 3
+        return _ORDER[self] == _FINAL
 
     def is_final(self) -> bool:
         return self.final
@@ -40,13 +44,17 @@ class JobState(Enum):
         return self.value
 
 
+_FINAL = 6
 _ORDER = {
     JobState.NEW: 0,
     JobState.QUEUED: 1,
-    JobState.ACTIVE: 2,
-    JobState.COMPLETED: 3,
-    JobState.FAILED: 3,
-    JobState.CANCELED: 3,
+    JobState.STAGE_IN: 2,
+    JobState.ACTIVE: 3,
+    JobState.STAGE_OUT: 4,
+    JobState.CLEANUP: 5,
+    JobState.COMPLETED: _FINAL,
+    JobState.FAILED: _FINAL,
+    JobState.CANCELED: _FINAL,
 }
 
 #: The states to synthesise, in order, when a job jumps from one state to a later one.
@@ -57,6 +65,7 @@ def states_between(old: JobState, new: JobState) -> list[JobState]:
     """The skipped states a client must fire between ``old`` and ``new`` (exclusive): only those every
     path to ``new`` goes through. COMPLETED is reached only through ACTIVE; FAILED and CANCELED also
     straight from QUEUED (a job canceled while queued never ran), so ACTIVE is not made up for them
-    (as psij-python's ``JobStateOrder.prev``)."""
+    (as psij-python's ``JobStateOrder.prev``). The staging states are not made up: only jobs that stage
+    enter them, and the daemon reports each (each waits for an agent's answer, so none is coalesced away)."""
     path = PATH if new is JobState.COMPLETED or not new.final else PATH[:2]
     return [s for s in path if old.order < s.order < new.order]

@@ -10,19 +10,25 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Final
 
 from pilot import wire
+from pilot.model.staging import Step
 
 #: Slot numbers of the non-rank processes of a job.
 PRE: Final = -1
 POST: Final = -2
+STAGE_IN: Final = -3
+STAGE_OUT: Final = -4
+CLEANUP: Final = -5
 
-ROLES: Final = ("rank", "pre", "post")
+#: Roles an agent does itself, in a worker thread, instead of spawning a process (agent.staging).
+STAGING_ROLES: Final = ("stage_in", "stage_out", "cleanup")
+ROLES: Final = ("rank", "pre", "post", *STAGING_ROLES)
 
 
 @dataclass(slots=True)
 class ProcessOrder:
     job_id: str
     slot: int
-    role: str  # rank | pre | post
+    role: str  # rank | pre | post | stage_in | stage_out | cleanup
     executable: str
     arguments: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
@@ -47,6 +53,10 @@ class ProcessOrder:
     #: SSS ResourceLimits: [[resource.RLIMIT_* name, soft or None, hard or None]], set in the child
     #: before exec (None keeps the current limit; -1 is unlimited).
     rlimits: list[list[Any]] = field(default_factory=list)
+    #: The staging roles' steps (pilot.model.staging.Step wire forms), relative paths under ``directory``.
+    staging: list[list[Any]] = field(default_factory=list)
+    #: Its stdout/stderr without a file go to its node's stream file (pilot.model.output_stream).
+    stream: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         """The fields every order has, then the optional ones that differ from their defaults (an absent
@@ -110,6 +120,8 @@ class ProcessOrder:
             script=wire.opt_field(raw, "script", str),
             after_cores=wire.opt_field(raw, "after_cores", bool, False),
             rlimits=_rlimits(raw.get("rlimits")),
+            staging=_staging(raw.get("staging")),
+            stream=wire.opt_field(raw, "stream", bool, False),
         )
 
 
@@ -205,10 +217,19 @@ def _from_wire_fast(raw: Any) -> ProcessOrder | None:
     rlimits = get("rlimits")
     if rlimits is not None and not (type(rlimits) is list and not rlimits):
         return None
-    # Positional, in field order: a keyword call of 22 names costs more than the checks above.
+    staging = get("staging")
+    if staging is not None and not (type(staging) is list and not staging):
+        return None
+    stream = get("stream")
+    if stream is None:
+        stream = False
+    elif type(stream) is not bool:
+        return None
+    # Positional, in field order: a keyword call of 24 names costs more than the checks above.
     return ProcessOrder(
         job_id, slot, role, executable, list(arguments), env, pre_env, pre_unset, inherit, directory,
-        stdin, stdout, stderr, truncate, list(cores), list(gpus), walltime, rank_env, hosts, script, after, [],
+        stdin, stdout, stderr, truncate, list(cores), list(gpus), walltime, rank_env, hosts, script, after, [], [],
+        stream,
     )  # fmt: skip
 
 
@@ -226,6 +247,17 @@ def _rlimits(raw: Any) -> list[list[Any]]:
                 raise wire.ProtocolError(f"rlimit {item[0]}: limits are whole numbers >= -1 or None")
         out.append(list(item))
     return out
+
+
+def _staging(raw: Any) -> list[list[Any]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or len(raw) > 4096:
+        raise wire.ProtocolError("staging must be a list of at most 4096 steps")
+    try:
+        return [Step.from_wire(item).to_wire() for item in raw]
+    except ValueError as exc:
+        raise wire.ProtocolError(str(exc)) from None
 
 
 _FIELD_NAMES: Final = tuple(f.name for f in fields(ProcessOrder))

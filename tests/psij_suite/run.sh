@@ -3,6 +3,10 @@
 #
 #   tests/psij_suite/run.sh [--install] PSIJ_CHECKOUT [PYTHON] [-- PYTEST_ARGS...]
 #
+# PSIJ_SUITE=main runs the suite of a psij-python `main` checkout instead (its staging tests only:
+# `-- -k test_staging`): --install then installs psij-python from that checkout and copies in
+# the local.mustache its setup.py leaves out; the installed psij may call itself 0.9.3 there.
+#
 # PSIJ_CHECKOUT  a psij-python source tree at tag 0.9.11 (git clone, or `git archive 0.9.11`).
 #                The sdist on PyPI cannot serve: its tests/ holds only the test_*.py files, without
 #                conftest.py, _test_tools.py, executor_test_params.py, plugins1/, plugins2/,
@@ -27,7 +31,7 @@ if [[ "${1:-}" == "--install" ]]; then
     shift
 fi
 if [[ $# -lt 1 || "$1" == "-h" || "$1" == "--help" ]]; then
-    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 src="$(cd "$1" && pwd)"
@@ -46,27 +50,36 @@ if [[ ! -f "$src/tests/conftest.py" || ! -d "$src/tests/plugins1" ]]; then
     exit 2
 fi
 checkout_version="$(sed -n "s/^VERSION = '\(.*\)'/\1/p" "$src/src/psij/version.py" 2>/dev/null || true)"
-if [[ "$checkout_version" != "0.9.11" ]]; then
+suite="${PSIJ_SUITE:-0.9.11}"
+if [[ "$suite" == "0.9.11" && "$checkout_version" != "0.9.11" ]]; then
     echo "run.sh: warning: $src is psij-python ${checkout_version:-(unknown version)}, not 0.9.11" >&2
 fi
 
 if [[ $install == 1 ]]; then
-    "$py" -m pip install -q "psij-python==0.9.11" "pytest>=6.2" pytest-timeout "requests>=2.25.1" \
+    if [[ "$suite" == "main" ]]; then
+        "$py" -m pip install -q "$src"
+        psij_dir="$("$py" -c 'import os, psij; print(os.path.dirname(psij.__file__))')"
+        mkdir -p "$psij_dir/executors/local"
+        cp "$src/src/psij/executors/local/local.mustache" "$psij_dir/executors/local/"
+    else
+        "$py" -m pip install -q "psij-python==0.9.11"
+    fi
+    "$py" -m pip install -q "pytest>=6.2" pytest-timeout "requests>=2.25.1" \
         "filelock>=3.4,<3.19"
     "$py" -m pip install -q "$project"
     "$py" -m pip install -q --force-reinstall --no-deps "$project"  # same version number, new code
 fi
 
 # The plugin must come from the installation, not from a source tree on the path.
-"$py" - <<'EOF'
-import sys
+PSIJ_SUITE="$suite" "$py" - <<'EOF'
+import os, sys
 try:
     import filelock, pytest, pytest_timeout, requests  # noqa: F401  (psij's conftest imports these)
     import psij
     from psij.version import VERSION
 except ImportError as exc:
     sys.exit(f"run.sh: {exc}; install the suite's requirements (or pass --install)")
-if VERSION != "0.9.11":
+if os.environ["PSIJ_SUITE"] == "0.9.11" and VERSION != "0.9.11":
     sys.exit(f"run.sh: psij-python {VERSION} is installed; this suite is pinned to 0.9.11")
 try:
     ex = psij.JobExecutor.get_instance("pilot")

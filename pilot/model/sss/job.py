@@ -548,6 +548,10 @@ _TO_SSS: Final = {
     JobState.NEW: "NotQueued",
     JobState.QUEUED: "Idle",
     JobState.ACTIVE: "Running",
+    # The staging states keep PSI/J's names (the spec's list is open), as the final states do.
+    JobState.STAGE_IN: "StageIn",
+    JobState.STAGE_OUT: "StageOut",
+    JobState.CLEANUP: "Cleanup",
     JobState.COMPLETED: "Completed",
     JobState.FAILED: "Failed",
     JobState.CANCELED: "Canceled",

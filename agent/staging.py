@@ -1,0 +1,174 @@
+"""The agent's stager: the staging orders (stage-in, stage-out, cleanup) of the jobs this node runs,
+carried out here, on the job's node, before its processes start and after they end.
+
+Transfers block (a copy, an HTTP fetch), so they run in a small pool of worker threads, never in the
+agent's loop; the loop only hands orders over and collects their events (one ``exited`` with exit code 0
+when every step is done, or one ``failed`` naming the file and the cause), woken through the same
+``notify`` as the process engine. A killed order stops before its next step and is reported not done.
+Steps go in the order given; relative paths are under the order's directory (the job's).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+
+from agent.stage_cache import StageCache
+from agent.transfers import TRANSFERS, TransferError
+from pilot.model.process_order import ProcessOrder
+from pilot.model.staging import REMOVE, Step, url_parts
+from pilot.wire.messages import ProcessRef, TaskEvent
+
+log = structlog.get_logger("agent.staging")
+
+#: Staging orders carried out at once; the others wait their turn (a node's disk and network are shared).
+WORKERS: Final = 4
+
+
+class _Canceled(Exception):
+    pass
+
+
+class Stager:
+    def __init__(self, *, node: str, workdir: Path, notify: Callable[[], None], workers: int = WORKERS) -> None:
+        self._node = node
+        self._cwd = os.getcwd()  # the agent's: a job's relative directory is under it, as for its processes
+        self._notify = notify
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stager")
+        self._lock = threading.Lock()
+        self._orders: dict[ProcessRef, tuple[Future[None], list[str]]] = {}  # ref -> (its run, [kill reason])
+        self._events: list[TaskEvent] = []
+        self.cache = StageCache(workdir / "stage-cache" / node)
+
+    # -- called from the agent's loop -------------------------------------------------------------
+
+    def submit(self, order: ProcessOrder) -> None:
+        ref = (order.job_id, order.slot)
+        killed: list[str] = []
+        with self._lock:
+            if ref in self._orders:
+                return  # (a daemon that resent it: the one under way reports)
+            self._orders[ref] = (self._pool.submit(self._run, order, killed), killed)
+
+    def kill(self, ref: ProcessRef, *, reason: str) -> bool:
+        """Stop ``ref`` before its next step (at once if it has not begun); False if unknown."""
+        with self._lock:
+            held = self._orders.get(ref)
+            if held is None:
+                return False
+            future, killed = held
+            killed.append(reason)
+            if not future.cancel():
+                return True
+            del self._orders[ref]
+            self._events.append(TaskEvent(ref[0], ref[1], "exited", time.time(), {"reason": reason, "spawned": False}))
+        self._notify()
+        return True
+
+    def running(self) -> list[ProcessRef]:
+        with self._lock:
+            return list(self._orders)
+
+    def drain(self) -> list[TaskEvent]:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def snapshot(self) -> tuple[list[ProcessRef], list[TaskEvent]]:
+        """Orders under way and events not drained, together (what a REGISTER tells a restarted daemon)."""
+        with self._lock:
+            events, self._events = self._events, []
+            return list(self._orders), events
+
+    def busy(self) -> bool:
+        with self._lock:
+            return bool(self._orders)
+
+    def stop(self) -> None:
+        """Orders not begun are dropped (the agent is going: its daemon hears of them as lost); those
+        under way finish their current step first."""
+        with self._lock:
+            for _, killed in self._orders.values():
+                killed.append("agent exiting")
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- in a worker thread -----------------------------------------------------------------------
+
+    def _run(self, order: ProcessOrder, killed: list[str]) -> None:
+        ref = (order.job_id, order.slot)
+        base = Path(self._cwd, os.path.expanduser(order.directory))
+        counts = {"transfers": 0, "cache_hits": 0}
+        data: dict[str, Any]
+        try:
+            for raw in order.staging:
+                if killed:
+                    raise _Canceled(killed[0])
+                self._step(order.role, Step.from_wire(raw), base, counts)
+            kind, data = "exited", {"exit_code": 0, "staging": counts}
+        except _Canceled as exc:
+            kind, data = "exited", {"reason": str(exc), "spawned": False}
+        except Exception as exc:  # every failure ends the order, with its cause
+            kind, data = "failed", {"message": str(exc) if isinstance(exc, _StepFailed) else f"{order.role}: {exc!r}"}
+            log.warning("staging failed", node=self._node, job=order.job_id, role=order.role, error=data["message"])
+        with self._lock:
+            self._orders.pop(ref, None)
+            self._events.append(TaskEvent(ref[0], ref[1], kind, time.time(), data))
+        self._notify()
+
+    def _step(self, role: str, step: Step, base: Path, counts: dict[str, int]) -> None:
+        if step.action == REMOVE:
+            _remove(base / step.source)
+            return
+        what = "stage-in" if role == "stage_in" else "stage-out"
+        try:
+            if role == "stage_in":
+                self._stage_in(step, base / step.target, counts)
+            else:
+                source = base / step.source
+                if not os.path.lexists(source):
+                    if step.if_present:
+                        return
+                    raise TransferError(f"{source} does not exist (StageOutFlags.IF_PRESENT skips a missing file)")
+                TRANSFERS[url_parts(step.target)[0]].put(source, step.target, mode=step.action)
+                counts["transfers"] += 1
+        except (TransferError, OSError, KeyError) as exc:
+            cause = f"no transfer module for {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise _StepFailed(
+                f"{what} of {step.source!r} to {step.target!r} on node {self._node} failed: {cause}"
+            ) from None
+
+    def _stage_in(self, step: Step, target: Path, counts: dict[str, int]) -> None:
+        transfer = TRANSFERS[url_parts(step.source)[0]]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not transfer.cached:
+            transfer.fetch(step.source, target, mode=step.action)
+            counts["transfers"] += 1
+            return
+        cached, hit = self.cache.get(step.source, lambda path: transfer.fetch(step.source, path, mode="copy"))
+        counts["cache_hits" if hit else "transfers"] += 1
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        os.symlink(cached, target)
+
+
+class _StepFailed(Exception):
+    """A step's failure, its message naming the file, the node and the cause."""
+
+
+def _remove(path: Path) -> None:
+    """Cleanup: a missing path is no error (it may never have been made, or a stage-out moved it)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+__all__ = ["Stager"]
