@@ -44,6 +44,7 @@ from pilot.wire.messages import (
     Body,
     Cancel,
     Explain,
+    Jobs,
     Kill,
     Launch,
     ListJobs,
@@ -407,6 +408,8 @@ class Daemon:
                 return {"results": [views.show(core, i) for i in ids]}
             case ListJobs():
                 return {"ids": views.job_ids(core)}
+            case Jobs(states=states, name=name, run=run, since=since, limit=limit):
+                return views.jobs(core, states=states, name=name, run=run, since=since, limit=limit)
             case Status():
                 return self.status()
             case Nodes():

@@ -485,6 +485,31 @@ class Store:
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
 
+    def job_rows(self, *, states: Sequence[str] = (), since: float | None = None) -> list[tuple[Any, ...]]:
+        """Every job's summary row for 'pilot jobs', in submission order, narrowed by state and submit
+        time: (id, description map, state, state_time, exit_code, message, metadata, submitted, started,
+        ended). A map or metadata that cannot be read comes as {} (the row is still listed)."""
+        where: list[str] = []
+        params: list[Any] = []
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            params += list(states)
+        if since is not None:
+            where.append("submitted >= ?")
+            params.append(since)
+        sql = (
+            "SELECT id, description, state, state_time, exit_code, message, metadata, submitted, started, ended "
+            "FROM jobs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY seq"
+        )
+        try:
+            rows = self._db.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise _error(self.path, exc) from None
+        out = []
+        for job_id, desc, state, t, code, message, meta, submitted, started, ended in rows:
+            out.append((job_id, _map(desc), state, t, code, message, _map(meta), submitted, started, ended))
+        return out
+
     def job_status(self, job_id: str) -> tuple[list[Any], str | None] | None:
         """A job's status in its wire form and its name, from the journal (the daemon keeps only jobs
         that have not ended in memory); None when there is no such job."""
@@ -544,6 +569,17 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _map(blob: bytes | None) -> dict[str, Any]:
+    """A journaled msgpack map, or {} when there is none or it cannot be read."""
+    if blob is None:
+        return {}
+    try:
+        value = unpack(blob)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _taken(job: JobRecord) -> list[bool]:

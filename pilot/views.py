@@ -1,11 +1,13 @@
-"""Read-only views of the core for 'pilot status', 'explain', 'show' and 'nodes': they look, never change.
+"""Read-only views of the core for 'pilot status', 'jobs', 'explain', 'show' and 'nodes': they look, never change.
 
 Jobs that left memory (ended, or from an earlier daemon) are answered from the journal.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from pilot.allocations import allocation_of_node
@@ -29,6 +31,103 @@ def job_ids(core: Core) -> list[str]:
     history = core.book.history
     known = history.job_ids() if history is not None else []
     return sorted(set(known).union(core.book.jobs), key=_id_order)
+
+
+#: The custom attribute (PSI/J ``JobAttributes.custom_attributes``) that names the run a job belongs to:
+#: what 'pilot run' and 'pilot submit' give their jobs, and what 'pilot jobs --run' and 'pilot cancel --run' pick.
+RUN_TAG = "pilot.run"
+
+
+def jobs(
+    core: Core,
+    *,
+    states: Sequence[str] = (),
+    name: str | None = None,
+    run: str | None = None,
+    since: float | None = None,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """'pilot jobs': one summary row per job that matches every filter given (state, a glob on the
+    name, the run, submitted at or after ``since``), in submission order; the journal's rows with the
+    memory's fresher state over them. With ``limit``, the last ``limit`` rows and how many were left out."""
+    rows: dict[str, dict[str, Any]] = {}
+    history = core.book.history
+    if history is not None:
+        for raw in history.job_rows(states=states, since=since):
+            rows[raw[0]] = _stored_row(*raw)
+    for job in core.book.jobs.values():
+        rows[job.id] = _live_row(job)
+    wanted = set(states)
+    chosen = [
+        r
+        for r in rows.values()
+        if (not wanted or r["state"] in wanted)
+        and (since is None or r["submitted"] >= since)
+        and (name is None or fnmatch.fnmatchcase(r["name"] or "", name))
+        and (run is None or r["run"] == run)
+    ]
+    chosen.sort(key=lambda r: _id_order(r["id"]))
+    left_out = max(0, len(chosen) - limit) if limit is not None else 0
+    return {"jobs": chosen[left_out:], "left_out": left_out}
+
+
+def _live_row(job: JobRecord) -> dict[str, Any]:
+    d, ranks = job.description, job.run.ranks
+    return {
+        "id": job.id,
+        "name": d.name,
+        "run": _run_of(d.custom_attributes),
+        "state": job.state.value,
+        "time": job.state_time,
+        "exit_code": job.exit_code,
+        "message": job.message,
+        "submitted": job.submitted,
+        "started": job.run.started,
+        "ended": job.run.ended if job.final else None,
+        "nodes": sorted({r.node for r in ranks}),
+        "cores": sum(len(r.cores) for r in ranks),
+        "gpus": sum(len(r.gpus) for r in ranks),
+        "command": [d.executable, *d.arguments],
+    }
+
+
+def _stored_row(
+    job_id: str,
+    desc: dict[str, Any],
+    state: str,
+    t: float,
+    code: int | None,
+    message: str | None,
+    meta: dict[str, Any],
+    submitted: float,
+    started: float | None,
+    ended: float | None,
+) -> dict[str, Any]:
+    name, args = desc.get("name"), desc.get("arguments")
+    nodes = meta.get("nodes")
+    return {
+        "id": job_id,
+        "name": name if isinstance(name, str) else None,
+        "run": _run_of(desc.get("custom_attributes")),
+        "state": state,
+        "time": t,
+        "exit_code": code,
+        "message": message,
+        "submitted": submitted,
+        "started": started,
+        "ended": ended,
+        "nodes": [str(n) for n in nodes] if isinstance(nodes, list) else [],
+        "cores": int(meta.get("processors") or 0),
+        "gpus": int(meta.get("gpus") or 0),
+        "command": [str(desc.get("executable", "")), *(str(a) for a in args)]
+        if isinstance(args, list)
+        else [str(desc.get("executable", ""))],
+    }
+
+
+def _run_of(custom: Any) -> str | None:
+    run = custom.get(RUN_TAG) if isinstance(custom, dict) else None
+    return run if isinstance(run, str) else None
 
 
 def explain(core: Core, job_id: str) -> dict[str, Any]:
@@ -160,12 +259,16 @@ def show(core: Core, job_id: str) -> dict[str, Any]:
         started, ended, held = job.run.started, job.run.ended, job.user_hold
         tasks = _task_status(job)
         submitted: float | None = job.submitted
+        row = _live_row(job)
     else:
         history: History | None = core.book.history
         found = history.job_record(job_id) if history is not None else None
         if found is None:
             return {"error": f"no job {job_id!r} in this pilot"}
         raw, status, submitted, started, ended = found
+        row = _stored_row(
+            job_id, raw, status[1], status[2], status[3], status[4], status[5] or {}, submitted, started, ended
+        )
         try:
             plain = {k: v for k, v in raw.items() if k not in JOURNAL_EXTRAS}
             description = JobDescription.from_wire(plain)
@@ -189,7 +292,8 @@ def show(core: Core, job_id: str) -> dict[str, Any]:
         delivered=status[5] or {},
         tasks=tasks,
     )
-    return {"id": job_id, "xml": write_job(job_with_status(source, st))}
+    row |= {"delivered": status[5] or {}, "held": held, "tasks": [[t.group, t.task, t.node] for t in tasks]}
+    return {"id": job_id, "xml": write_job(job_with_status(source, st)), "job": row}
 
 
 def _task_status(job: JobRecord) -> list[TaskStatus]:
@@ -240,9 +344,16 @@ def status(core: Core, *, pilot: dict[str, Any]) -> dict[str, Any]:
         h.to_status(registered=sum(1 for n in h.nodes if n in agents and agents[n].state == "active"))
         for h in held.values()
     ]
+    # Orders sent to an agent that wait there behind a busy core (pilot.backlog) are not running yet.
+    waiting: dict[str, int] = {}
+    for job_id in core.book.behind:
+        job = core.book.jobs.get(job_id)
+        for r in job.run.ranks if job is not None else ():
+            waiting[r.node] = waiting.get(r.node, 0) + 1
     nodes = []
     for name, slots in core.nodes.slots.items():
         agent = agents[name]
+        outstanding = len(agent.processes)
         nodes.append(
             {
                 "name": name,
@@ -255,7 +366,9 @@ def status(core: Core, *, pilot: dict[str, Any]) -> dict[str, Any]:
                 "free_gpus": len(slots.free_gpus),
                 "memory": slots.memory,
                 "free_memory": slots.free_memory,
-                "processes": len(agent.processes),
+                "processes": outstanding,
+                "running": max(0, outstanding - waiting.get(name, 0)),
+                "waiting": min(outstanding, waiting.get(name, 0)),
                 "load": agent.load,
                 "os": agent.node.os,
                 "architecture": agent.node.architecture,
@@ -278,6 +391,8 @@ def status(core: Core, *, pilot: dict[str, Any]) -> dict[str, Any]:
                         "memory": n.memory,
                         "free_memory": 0,
                         "processes": 0,
+                        "running": 0,
+                        "waiting": 0,
                         "load": [],
                         "os": n.os,
                         "architecture": n.architecture,

@@ -9,6 +9,7 @@ the per-state counts, the subscribers' statuses and the dependents' verdicts in 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from pilot.core.clock import Clock
@@ -30,6 +31,8 @@ class History(Protocol):
     def jobs_by_submit_id(self, submit_ids: list[str]) -> dict[str, list[str]]: ...
 
     def job_ids(self) -> list[str]: ...
+
+    def job_rows(self, *, states: Sequence[str] = (), since: float | None = None) -> list[tuple[Any, ...]]: ...
 
 
 class JobBook:
