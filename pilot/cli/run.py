@@ -109,8 +109,13 @@ def run_cmd(args: argparse.Namespace) -> None:
             total=n, desc="tasks", unit="task", file=sys.stderr, mininterval=0.2, disable=not sys.stderr.isatty()
         )
         try:
-            # One bulk submission, as a workflow engine with the jobs at hand would (requests pipelined).
-            ex.submit_all(jobs)
+            try:
+                # One bulk submission, as a workflow engine with the jobs at hand would (requests pipelined).
+                ex.submit_all(jobs)
+            except psij.BatchSubmitException as exc:
+                bar.close()
+                _cancel(ex, [j.native_id for j in jobs if j.native_id is not None])  # all of the run or none
+                fail(f"{exc.message}; the run's other jobs were canceled", code=2)
             t_submitted = time.monotonic()
             for _ in range(n):
                 done.acquire()
@@ -138,9 +143,15 @@ def _exit_now(run_id: str) -> Any:
     return handler
 
 
-def _cancel_unfinished(ex: Any, jobs: list[Any], run_id: str, done: threading.Semaphore) -> None:
+def _cancel(ex: Any, ids: list[str]) -> None:
+    """One request per 5,000 jobs, not one per job: a run may have thousands left."""
     from pilot import wire
 
+    for start in range(0, len(ids), 5000):
+        ex._backend.request(wire.Kind.CANCEL, {"ids": ids[start : start + 5000]})
+
+
+def _cancel_unfinished(ex: Any, jobs: list[Any], run_id: str, done: threading.Semaphore) -> None:
     ids = [j.native_id for j in jobs if j.native_id is not None and not j.status.final]
     print(
         f"\npilot run: interrupted: canceling the {len(ids)} unfinished job(s) of {run_id} "
@@ -148,8 +159,7 @@ def _cancel_unfinished(ex: Any, jobs: list[Any], run_id: str, done: threading.Se
         file=sys.stderr,
         flush=True,
     )
-    for start in range(0, len(ids), 5000):
-        ex._backend.request(wire.Kind.CANCEL, {"ids": ids[start : start + 5000]})
+    _cancel(ex, ids)
     deadline = time.monotonic() + 60
     while any(j.native_id is not None and not j.status.final for j in jobs) and time.monotonic() < deadline:
         done.acquire(timeout=0.2)
