@@ -65,6 +65,22 @@ def pilot_name(args: argparse.Namespace, *, config: Path | None = None) -> tuple
     return cfg.pilot.name, f"pilot.name in {cfg.source}"
 
 
+def duration_arg(text: str) -> float:
+    """Seconds from '90', '90s', '10m', '2h' or 'HH:MM:SS', for --duration."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            return config_mod.parse_duration(text, key="duration", source="the command line")
+        except config_mod.ConfigError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a duration: give seconds (90), a number with s/m/h/d (10m) or HH:MM:SS"
+            ) from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be more than 0 seconds")
+    return seconds
+
+
 def rundir_of(args: argparse.Namespace, *, config: Path | None = None) -> RunDir:
     if getattr(args, "rundir", None):
         return RunDir(args.rundir.expanduser().resolve())

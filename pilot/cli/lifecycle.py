@@ -55,6 +55,10 @@ def add_parsers(sub: Any) -> None:
     )
     up.set_defaults(func=up_cmd)
 
+    ck = sub.add_parser("check", help="check a config without starting anything: errors, then warnings")
+    ck.add_argument("--config", type=Path, help="TOML config (default: $PILOT_CONFIG, else configs/local.toml)")
+    ck.set_defaults(func=check_cmd)
+
     st = sub.add_parser("status", help="the pilot, its allocation, nodes and jobs")
     add_target(st)
     st.add_argument("--json", action="store_true", help="the whole status as JSON")
@@ -87,9 +91,31 @@ def add_parsers(sub: Any) -> None:
 # -- up -----------------------------------------------------------------------------------------------
 
 
-def up_cmd(args: argparse.Namespace) -> None:
+def _config_path(args: argparse.Namespace) -> Path | None:
     given = args.config or (Path(os.environ["PILOT_CONFIG"]) if os.environ.get("PILOT_CONFIG") else None)
-    config_path = given.expanduser().resolve() if given is not None else None
+    return given.expanduser().resolve() if given is not None else None
+
+
+def checked(cfg: config_mod.Config) -> list[str]:
+    """Refuse what no site can run (ConfigError); the warnings of what runs but not as it reads."""
+    from pilot import lrm
+    from pilot.config_checks import sanity
+
+    for site in cfg.sites:
+        lrm.create(site.lrm, options=site.options, source=cfg.source, table=site.table).validate(nodes=site.nodes)
+    return sanity(cfg)
+
+
+def check_cmd(args: argparse.Namespace) -> None:
+    cfg = config_mod.load(_config_path(args))
+    warnings = checked(cfg)
+    for w in warnings:
+        warn("check", w)
+    print(f"{cfg.source}: usable" + (f", with {len(warnings)} warning(s)" if warnings else ""))
+
+
+def up_cmd(args: argparse.Namespace) -> None:
+    config_path = _config_path(args)
     cfg = config_mod.load(config_path)
     rundir = rundir_of(args, config=config_path)
     start: Start = "fresh" if args.fresh else "restore" if args.restore else "resume"
@@ -99,13 +125,8 @@ def up_cmd(args: argparse.Namespace) -> None:
     info = rundir.read_info()
     if info is not None:
         fail(f"already running in {rundir.path} (pid {info['pid']})")
-    from pilot import lrm
-    from pilot.config_checks import sanity
-
     # Validate before forking, so a bad config fails here with exit code 2, not in the daemon's log.
-    for site in cfg.sites:
-        lrm.create(site.lrm, options=site.options, source=cfg.source, table=site.table).validate(nodes=site.nodes)
-    for w in sanity(cfg):
+    for w in checked(cfg):
         warn("up", w)
     rundir.create()
     cmd = [sys.executable, "-m", "pilot", "up", "--foreground", "--rundir", str(rundir.path)]

@@ -13,11 +13,12 @@ import signal
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from pilot.cli.common import add_target, fail, pilot_name, rundir_of
+from pilot.cli.common import add_target, duration_arg, fail, pilot_name, rundir_of
 from pilot.cli.jobs import positive_int
 from pilot.views import RUN_TAG
 
@@ -39,6 +40,11 @@ def add_parsers(sub: Any) -> None:
         "of yours are (without it, that is refused)",
     )
     run.add_argument("--config", type=Path, help="the embedded pilot's config (default: $PILOT_CONFIG)")
+    run.add_argument(
+        "--duration",
+        type=duration_arg,
+        help="each task's walltime (JobAttributes.duration: 90, 10m, HH:MM:SS); default PSI/J's 10 minutes",
+    )
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="command per task (default: /bin/true)")
     run.set_defaults(func=run_cmd)
@@ -103,6 +109,8 @@ def run_cmd(args: argparse.Namespace) -> None:
             time.sleep(0.05)
         t0 = t_submitted = time.monotonic()
         attributes = psij.JobAttributes(custom_attributes={RUN_TAG: run_id})
+        if args.duration is not None:
+            attributes.duration = timedelta(seconds=args.duration)
         jobs = [psij.Job(psij.JobSpec(executable=cmd[0], arguments=cmd[1:], attributes=attributes)) for _ in range(n)]
         print(f"pilot run: {run_id}: {n} task(s) of {' '.join(cmd)!r}", file=sys.stderr, flush=True)
         bar = tqdm(
@@ -115,7 +123,8 @@ def run_cmd(args: argparse.Namespace) -> None:
             except psij.BatchSubmitException as exc:
                 bar.close()
                 _cancel(ex, [j.native_id for j in jobs if j.native_id is not None])  # all of the run or none
-                fail(f"{exc.message}; the run's other jobs were canceled", code=2)
+                invalid = all(isinstance(e, psij.InvalidJobException) for e in exc.exceptions)
+                fail(f"{exc.message}; the run's other jobs were canceled", code=2 if invalid else 1)
             t_submitted = time.monotonic()
             for _ in range(n):
                 done.acquire()
