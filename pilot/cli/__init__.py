@@ -29,7 +29,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(words)
+    args.argv = words  # 'pilot submit' tells a command after '--' from a document file
     command = f"pilot {args.command}"
     try:
         args.func(args)
