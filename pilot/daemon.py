@@ -20,7 +20,7 @@ import anyio
 import structlog
 
 import pilot
-from pilot import lrm, site, views, wire
+from pilot import history, lrm, site, views, wire
 from pilot.acquisition import Acquisition
 from pilot.allocations import AllocationBook, PilotAllocation, Site
 from pilot.config import Config
@@ -188,6 +188,8 @@ class Daemon:
             clean = True
         finally:
             if self.store is not None:
+                if clean:
+                    self._keep_history(self.store)
                 try:
                     self.store.discard() if clean else self.store.close()
                 except JournalError as exc:
@@ -203,6 +205,13 @@ class Daemon:
                     self.rundir.abandoned_file.unlink(missing_ok=True)
                 os.close(self._lock_fd)
             log.info("pilot stopped")
+
+    def _keep_history(self, store: Store) -> None:
+        """Before the journal goes (a clean stop): its jobs into the run directory's history."""
+        try:
+            history.keep(views.history_rows(store), self.rundir.history_file)
+        except (history.HistoryError, JournalError) as exc:
+            log.error("job history not kept", error=str(exc))
 
     async def _open_journal(self) -> Recovered:
         """Open the journal as ``self.start`` says, never a silent fresh start over an earlier life (see

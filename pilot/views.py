@@ -71,6 +71,12 @@ def jobs(
     return {"jobs": chosen[left_out:], "left_out": left_out}
 
 
+def history_rows(history: History) -> list[dict[str, Any]]:
+    """Every job the journal holds, as 'pilot jobs' rows with their Delivered: what the accounting
+    record (:mod:`pilot.history`) keeps when the pilot stops."""
+    return [_stored_row(*raw) | {"delivered": raw[6]} for raw in history.job_rows()]
+
+
 def _live_row(job: JobRecord) -> dict[str, Any]:
     d, ranks = job.description, job.run.ranks
     return {

@@ -16,6 +16,7 @@ import pilot
 from pilot import config as config_mod
 from pilot.cli import completion, jobs, lifecycle, run, submit
 from pilot.cli.common import CliError
+from pilot.history import HistoryError
 from pilot.security import SecurityError
 
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         _say(f"{command}: {exc}", exc.code)
     except config_mod.ConfigError as exc:
         _say(f"pilot: config error: {exc}", 2)
-    except SecurityError as exc:
+    except (SecurityError, HistoryError) as exc:
         _say(f"{command}: {exc}", 1)
     except KeyboardInterrupt:
         _say(f"\n{command}: interrupted", 130)

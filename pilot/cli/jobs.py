@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from pilot.cli.common import add_target, clock, fail, local, print_json, request, rundir_of, table
@@ -40,6 +42,13 @@ def add_parsers(sub: Any) -> None:
     form.add_argument("--xml", action="store_true", help="SSS Job XML: State, Delivered and its placed Tasks")
     form.add_argument("--json", action="store_true", help="the same as JSON")
     sh.set_defaults(func=show_cmd)
+
+    hi = sub.add_parser("history", help="every job of the pilot, also after 'pilot down' (its accounting)")
+    add_target(hi)
+    add_filters(hi)
+    hi.add_argument("--limit", type=positive_int, default=1000, help="show at most the last N (default 1000)")
+    hi.add_argument("--json", action="store_true", help="the rows as JSON")
+    hi.set_defaults(func=history_cmd)
 
     ex = sub.add_parser("explain", help="why a job is still queued (or how it ended)")
     add_target(ex)
@@ -133,7 +142,11 @@ def query(args: argparse.Namespace, *, limit: int | None) -> dict[str, Any]:
 
 def jobs_cmd(args: argparse.Namespace) -> None:
     reply = query(args, limit=args.limit)
-    rows, left_out = reply.get("jobs") or [], int(reply.get("left_out") or 0)
+    print_rows(args, reply.get("jobs") or [], int(reply.get("left_out") or 0))
+
+
+def print_rows(args: argparse.Namespace, rows: list[dict[str, Any]], left_out: int) -> None:
+    """Job rows as a table (or --json), as 'pilot jobs' and 'pilot history' print them."""
     if args.json:
         print_json(rows if not left_out else {"jobs": rows, "left_out": left_out})
         return
@@ -215,8 +228,6 @@ def cancel_cmd(args: argparse.Namespace) -> None:
     if args.json:
         print_json(report)
     else:
-        import sys
-
         for r in report:
             if "error" in r:
                 print(f"pilot cancel: {r['error']}", file=sys.stderr)
@@ -233,12 +244,16 @@ def cancel_cmd(args: argparse.Namespace) -> None:
 # -- show / explain / release / nodes -----------------------------------------------------------------
 
 
-def _per_job(args: argparse.Namespace, kind: str) -> tuple[list[dict[str, Any]], bool]:
-    import sys
-
+def _per_job(args: argparse.Namespace, kind: str, *, history: Path | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """One request about every id; the answers, and whether any was an error (said on stderr). With a
+    ``history`` file, a job the pilot does not know is looked for there (an earlier life's)."""
     results = request(rundir_of(args), kind, {"ids": list(args.ids)}).get("results", [])
     good, bad = [], False
-    for r in results:
+    for job_id, r in zip(args.ids, results, strict=False):
+        kept = _kept(history, job_id) if "error" in r and history is not None else None
+        if kept is not None:
+            good.append(kept)
+            continue
         if "error" in r:
             print(f"pilot {args.command}: {r['error']}", file=sys.stderr)
             bad = True
@@ -247,10 +262,37 @@ def _per_job(args: argparse.Namespace, kind: str) -> tuple[list[dict[str, Any]],
     return good, bad
 
 
+def _kept(path: Path, job_id: str) -> dict[str, Any] | None:
+    """The history's latest job of this id, as a 'show' result."""
+    from pilot.history import read
+
+    rows = read(path, job_id=job_id)
+    return {"id": job_id, "job": rows[-1] | {"from_history": True}} if rows else None
+
+
+def _from_history(args: argparse.Namespace, path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """'pilot show' of jobs the pilot's history keeps (its latest life's job of each id)."""
+    if getattr(args, "xml", False):
+        fail("no pilot is running: the SSS XML of a job is kept only while its pilot runs; drop --xml", code=2)
+    good, bad = [], False
+    for job_id in args.ids:
+        kept = _kept(path, job_id)
+        if kept is not None:
+            good.append(kept)
+        else:
+            print(f"pilot {args.command}: no job {job_id!r} in the history of {path.parent}", file=sys.stderr)
+            bad = True
+    return good, bad
+
+
 def show_cmd(args: argparse.Namespace) -> None:
     from pilot import wire
 
-    results, bad = _per_job(args, wire.Kind.SHOW)
+    rundir = rundir_of(args)
+    if rundir.read_info() is None:
+        results, bad = _from_history(args, rundir.history_file)
+    else:
+        results, bad = _per_job(args, wire.Kind.SHOW, history=rundir.history_file)
     if args.json:
         print_json([r.get("job", {"id": r["id"]}) for r in results])
     for i, r in enumerate(results):
@@ -299,6 +341,26 @@ def human(job: dict[str, Any]) -> list[str]:
             f"{int(d.get('processors') or 0)} processor(s), {int(d.get('processes') or 0)} process(es)"
         )
     return lines
+
+
+def history_cmd(args: argparse.Namespace) -> None:
+    """Every job of the pilot's earlier lives (kept at each clean stop) and, while it runs, of this one."""
+    from pilot.history import read
+
+    rundir = rundir_of(args)
+    states = sorted(set(args.state or []))
+    rows = {
+        (r["id"], r["submitted"]): r
+        for r in read(rundir.history_file, states=states, name=args.job_name, run=args.run, since=args.since)
+    }
+    if rundir.read_info() is not None:
+        for r in query(args, limit=None).get("jobs", []):
+            rows[(r["id"], r["submitted"])] = r
+    elif not rows and not rundir.history_file.exists():
+        fail(f"no job history in {rundir.path} yet: it is kept when a pilot there stops ('pilot down')")
+    ordered = sorted(rows.values(), key=lambda r: (float(r["submitted"]), int(r["id"]) if r["id"].isdigit() else 0))
+    left_out = max(0, len(ordered) - args.limit)
+    print_rows(args, ordered[left_out:], left_out)
 
 
 def explain_cmd(args: argparse.Namespace) -> None:

@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import structlog
+
 from pilot.core.clock import Clock
 from pilot.core.outbox import Outbox
 from pilot.core.phase import NEXT, IllegalMove, Phase
@@ -19,6 +21,8 @@ from pilot.jobs import JobRecord, ProcessResult
 from pilot.model.job_state import JobState
 from pilot.scheduler.dag import JobGraph, Outcome, Verdict
 from pilot.scheduler.queue import JobQueue
+
+log = structlog.get_logger("pilot.jobs")
 
 
 class History(Protocol):
@@ -105,6 +109,7 @@ class JobBook:
             job.message = message
             job.metadata = metadata or {}
             self._retired.append(job)
+            _ended(job)
         self._dirty.add(job)
         status = job.status()
         statuses = self.outbox.statuses
@@ -281,3 +286,20 @@ class JobBook:
             if job.final and not job.run.processes:
                 self.jobs.pop(job.id, None)
         self._retired.clear()
+
+
+def _ended(job: JobRecord) -> None:
+    """One info line per job end in the daemon's log: what 'grep' and log tools find after the fact."""
+    m = job.metadata
+    log.info(
+        "job ended",
+        job=job.id,
+        name=job.description.name,
+        state=job.state.value,
+        exit_code=job.exit_code,
+        nodes=m.get("nodes") or [],
+        processors=m.get("processors", 0),
+        wall=round(float(m.get("wall_duration") or 0.0), 6),
+        run=job.description.custom_attributes.get("pilot.run"),
+        message=job.message,
+    )
