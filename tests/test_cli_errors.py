@@ -288,3 +288,31 @@ def test_shell_completion_zsh_script_parses(pilot_home: Path, tmp_path: Path) ->
     assert loaded.returncode == 0 and "_shtab_pilot: function" in loaded.stdout, loaded.stderr
     for command in ("jobs", "cancel", "show", "ls", "run", "status"):
         assert f"    {command}:'" in script.stdout
+
+
+def test_json_from_every_command_a_script_would_read(pilot_home: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(ONE)
+    rd = str(pilot_home / "j")
+    checked = json.loads(cli("check", "--config", str(cfg), "--json").stdout)
+    assert checked == {"config": str(cfg), "usable": True, "warnings": []}
+    up = cli("up", "--config", str(cfg), "--rundir", rd, "--json")
+    assert up.returncode == 0, up.stderr
+    started = json.loads(up.stdout)
+    assert started["rundir"] == rd and started["client_url"].startswith("ipc://")
+    try:
+        ran = json.loads(cli("run", "--rundir", rd, "-n", "2", "--json").stdout)
+        assert ran["completed"] == 2 and ran["run"].startswith("run-")
+        submitted = json.loads(cli("submit", "--rundir", rd, "--json", "--", "/bin/true").stdout)
+        assert submitted["ids"] == ["3"]
+        for args in (["status"], ["ls"], ["jobs"], ["show", "1"], ["explain", "1"], ["nodes"], ["history"]):
+            proc = cli(*args, *([] if args == ["ls"] else ["--rundir", rd]), "--json")
+            assert proc.returncode == 0, (args, proc.stderr)
+            json.loads(proc.stdout)
+        released = cli("release", "--rundir", rd, "1", "--json")
+        assert released.returncode == 1 and json.loads(released.stdout) == []  # job 1 is not waiting
+        canceled = json.loads(cli("cancel", "--rundir", rd, "1", "--json").stdout)
+        assert canceled == [{"id": "1", "state": "COMPLETED", "canceled": False}]
+    finally:
+        down = cli("down", "--rundir", rd, "--json")
+    assert down.returncode == 0 and json.loads(down.stdout) == {"rundir": rd, "pid": started["pid"], "stopped": True}

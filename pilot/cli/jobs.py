@@ -59,6 +59,7 @@ def add_parsers(sub: Any) -> None:
     rl = sub.add_parser("release", help="let jobs submitted with an SSS <Hold> run")
     add_target(rl)
     rl.add_argument("ids", nargs="+", metavar="ID")
+    rl.add_argument("--json", action="store_true")
     rl.set_defaults(func=release_cmd)
 
     nd = sub.add_parser("nodes", help="the nodes as SSS Node XML: Configured, Available, Utilized")
@@ -382,6 +383,9 @@ def release_cmd(args: argparse.Namespace) -> None:
     from pilot import wire
 
     results, bad = _per_job(args, wire.Kind.RELEASE)
+    if args.json:
+        print_json(results)
+        results = []
     for r in results:
         print(f"job {r['id']}: " + ("released" if r.get("released") else "was not held"))
     if bad:

@@ -38,6 +38,7 @@ def add_parsers(sub: Any) -> None:
     add_target(up)
     up.add_argument("--config", type=Path, help="TOML config (default: $PILOT_CONFIG, else configs/local.toml)")
     up.add_argument("--foreground", action="store_true", help="stay attached; log to stderr")
+    up.add_argument("--json", action="store_true", help="pid, run directory and client address as JSON")
     up.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     up.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     start = up.add_mutually_exclusive_group()
@@ -57,6 +58,7 @@ def add_parsers(sub: Any) -> None:
 
     ck = sub.add_parser("check", help="check a config without starting anything: errors, then warnings")
     ck.add_argument("--config", type=Path, help="TOML config (default: $PILOT_CONFIG, else configs/local.toml)")
+    ck.add_argument("--json", action="store_true", help="the config's source and its warnings as JSON")
     ck.set_defaults(func=check_cmd)
 
     st = sub.add_parser("status", help="the pilot, its allocation, nodes and jobs")
@@ -80,6 +82,7 @@ def add_parsers(sub: Any) -> None:
         type=float,
         help="with --drain: give up waiting after this many seconds (the drain goes on)",
     )
+    down.add_argument("--json", action="store_true", help="what stopped, as JSON")
     down.set_defaults(func=down_cmd)
 
     cred = sub.add_parser("credentials", help="write a remote client's access file (endpoint and keys, 0600)")
@@ -109,6 +112,9 @@ def checked(cfg: config_mod.Config) -> list[str]:
 def check_cmd(args: argparse.Namespace) -> None:
     cfg = config_mod.load(_config_path(args))
     warnings = checked(cfg)
+    if args.json:
+        print_json({"config": cfg.source, "usable": True, "warnings": warnings})
+        return
     for w in warnings:
         warn("check", w)
     print(f"{cfg.source}: usable" + (f", with {len(warnings)} warning(s)" if warnings else ""))
@@ -140,6 +146,9 @@ def up_cmd(args: argparse.Namespace) -> None:
     while time.monotonic() < deadline:
         info = rundir.read_info()
         if info is not None and info.get("pid") == proc.pid:
+            if args.json:
+                print_json({"pid": proc.pid, "rundir": str(rundir.path), "client_url": info["client_url"]})
+                return
             print(f"pilot up: pid {proc.pid}, run directory {rundir.path}")
             print(f"  clients connect to {info['client_url']}; logs in {rundir.log_file}")
             return
@@ -334,7 +343,8 @@ def down_cmd(args: argparse.Namespace) -> None:
     pid = int(reply.get("pid", 0))
     if args.drain:
         left = reply.get("unfinished", 0)
-        print(f"pilot down --drain: {left} accepted job(s) to finish; new submissions are refused", flush=True)
+        if not args.json:
+            print(f"pilot down --drain: {left} accepted job(s) to finish; new submissions are refused", flush=True)
         wait = args.timeout
     else:
         wait = 30.0
@@ -344,6 +354,9 @@ def down_cmd(args: argparse.Namespace) -> None:
     if pid and pid_alive(pid):
         what = "is still draining" if args.drain else "did not stop"
         fail(f"daemon {pid} {what} after {wait:g} s ('pilot status' shows what is left)")
+    if args.json:
+        print_json({"rundir": str(rundir.path), "pid": pid, "stopped": True})
+        return
     print(f"pilot down: {rundir.path} stopped")
 
 
