@@ -16,7 +16,7 @@ from pilot.core.lifecycle import RECLAIM_AFTER
 from pilot.core.phase import Phase
 from pilot.core.reactor import Core
 from pilot.formats import write_job, write_nodes
-from pilot.frontends import JOURNAL_EXTRAS, rebuild
+from pilot.frontends import DOCUMENTS, JOURNAL_EXTRAS, rebuild
 from pilot.jobs import JobRecord
 from pilot.model.job_description import DescriptionError, JobDescription
 from pilot.model.job_state import JobState
@@ -257,7 +257,9 @@ def _placed_reason(core: Core, job: JobRecord) -> str:
 
 
 def show(core: Core, job_id: str) -> dict[str, Any]:
-    """The job as SSS Job XML with its State, times, Delivered and (once placed) its Task elements."""
+    """The job as SSS Job XML with its State, times, Delivered and (once placed) its Task elements, and as
+    a 'pilot jobs' row with its Delivered and its description (None when it came as a document), which
+    'pilot resubmit' sends again."""
     job = core.book.jobs.get(job_id)
     if job is not None:
         source = job.request.shown or to_sss(job.description)
@@ -266,6 +268,8 @@ def show(core: Core, job_id: str) -> dict[str, Any]:
         tasks = _task_status(job)
         submitted: float | None = job.submitted
         row = _live_row(job)
+        # A job written as a document (request.shown) is resubmitted as that document, not from here.
+        row["description"] = None if job.request.shown is not None else job.description.to_wire()
     else:
         history: History | None = core.book.history
         found = history.job_record(job_id) if history is not None else None
@@ -277,6 +281,7 @@ def show(core: Core, job_id: str) -> dict[str, Any]:
         )
         try:
             plain = {k: v for k, v in raw.items() if k not in JOURNAL_EXTRAS}
+            row["description"] = None if any(k in raw for k in DOCUMENTS) else plain
             description = JobDescription.from_wire(plain)
             source = rebuild(description, raw, cluster=core.nodes.cluster).shown or to_sss(description)
         except DescriptionError as exc:

@@ -157,3 +157,31 @@ def test_bad_json_jobs_are_refused_naming_the_job_and_key(
     proc = cli("submit", "--from-json", str(path))
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert f"--from-json {path}" in proc.stderr and says in proc.stderr, proc.stderr
+
+
+def test_resubmit_runs_the_failed_jobs_of_a_run_again(pilot: Any, tmp_path: Path) -> None:
+    rd = str(pilot.rundir.path)
+    flag = tmp_path / "fixed"
+    first = cli(
+        "submit", "--rundir", rd, "--array", "1-4", "--json", "--wait",
+        "--", "/bin/sh", "-c", f"[ {{i}} -le 2 ] || [ -e {flag} ]",
+    )  # fmt: skip
+    assert first.returncode == 1
+    run = json.loads(first.stdout)["run"]
+    [ok] = json.loads(cli("submit", "--rundir", rd, "--json", "--", "/bin/true").stdout)["ids"]
+    skipped = cli("submit", "--rundir", rd, "--run", run, "--depends-on", f"OnFailure:{ok}", "--wait", "--", "x")
+    assert skipped.returncode == 0  # in the run, FAILED as skipped: not run again
+    flag.touch()
+    again = cli("resubmit", "--rundir", rd, "--failed", run, "--wait", "--json")
+    assert again.returncode == 0, (again.stdout, again.stderr)
+    done = json.loads(again.stdout)
+    assert done["counts"] == {"completed": 2, "failed": 0, "skipped": 0, "canceled": 0}
+    new = [shown(pilot.rundir.path, i) for i in done["ids"]]
+    assert [j["command"][-1] for j in new] == [f"[ 3 -le 2 ] || [ -e {flag} ]", f"[ 4 -le 2 ] || [ -e {flag} ]"]
+    assert {j["run"] for j in new} == {done["run"]} and done["run"] != run
+    nothing = cli("resubmit", "--rundir", rd, "--failed", done["run"])
+    assert (
+        nothing.returncode == 0 and nothing.stdout.strip() == f"no failed job in run {done['run']}: nothing to resubmit"
+    )
+    unknown = cli("resubmit", "--rundir", rd, "--failed", "nope")
+    assert unknown.returncode == 1 and "no job of run 'nope' in this pilot" in unknown.stderr

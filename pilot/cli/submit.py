@@ -57,6 +57,14 @@ def add_parsers(sub: Any) -> None:
     sb.add_argument("words", nargs="*", metavar="FILE | -- CMD", help="a job document, or after -- a command")
     sb.set_defaults(func=submit_cmd)
 
+    rs = sub.add_parser("resubmit", help="run the failed jobs of a run again, as a new run")
+    add_target(rs)
+    rs.add_argument("--failed", metavar="RUN", required=True, help="the run whose FAILED jobs to run again")
+    rs.add_argument("--run", help="the new run's id (default: a new one)")
+    rs.add_argument("--wait", action="store_true", help="wait until every job has ended; exit 1 if any failed")
+    rs.add_argument("--json", action="store_true", help="the new run and its ids (and with --wait the ends)")
+    rs.set_defaults(func=resubmit_cmd)
+
 
 def _count(text: str) -> int:
     try:
@@ -240,4 +248,60 @@ def _wait(args: argparse.Namespace, jobs: list[Any], *, run: str | None) -> None
     else:
         print(", ".join(f"{v} {k}" for k, v in counts.items() if v or k == "completed"))
     if counts["failed"] or counts["canceled"]:
+        raise SystemExit(1)
+
+
+# -- resubmit -------------------------------------------------------------------------------------------
+
+
+def resubmit_cmd(args: argparse.Namespace) -> None:
+    """The FAILED jobs of a run, sent again with their own descriptions under a new run id. Jobs skipped
+    for a dependency are left (they never ran; their dependency decides), and so are jobs that came as a
+    document (submit the document again)."""
+    from pilot import wire
+    from pilot.views import RUN_TAG
+
+    rundir = rundir_of(args)
+    rows = request(rundir, wire.Kind.JOBS, {"states": ["FAILED"], "run": args.failed}, timeout=60.0)["jobs"]
+    failed = [r for r in rows if not (r.get("message") or "").startswith(SKIPPED)]
+    if not failed:
+        known = request(rundir, wire.Kind.JOBS, {"run": args.failed, "limit": 1}, timeout=60.0)["jobs"]
+        if not known:
+            fail(f"no job of run {args.failed!r} in this pilot ('pilot jobs' shows each job's run)")
+        left = f" ({len(rows)} skipped for a dependency)" if rows else ""
+        print(f"no failed job in run {args.failed}{left}: nothing to resubmit")
+        return
+    shown = request(rundir, wire.Kind.SHOW, {"ids": [r["id"] for r in failed]}, timeout=60.0).get("results", [])
+    run = args.run or time.strftime("run-%Y%m%d-%H%M%S-") + str(os.getpid())
+    descriptions, documents = [], []
+    for r in shown:
+        d = (r.get("job") or {}).get("description")
+        if not isinstance(d, dict):
+            documents.append(str(r.get("id")))
+            continue
+        descriptions.append(d | {"custom_attributes": dict(d.get("custom_attributes") or {}) | {RUN_TAG: run}})
+    if documents:
+        warn("resubmit", f"job(s) {' '.join(documents)} came as a document: submit the document again")
+    if not descriptions:
+        return
+    results = request(rundir, wire.Kind.SUBMIT, {"jobs": descriptions}, timeout=60.0).get("results", [])
+    ids = [str(r["id"]) for r in results if "id" in r]
+    for r in results:
+        if "error" in r:
+            warn("resubmit", f"not submitted again: {r['error']}")
+    if args.json and not args.wait:
+        print_json({"run": run, "ids": ids, "from": args.failed})
+    elif not args.json:
+        print(f"{run}: {len(ids)} failed job(s) of {args.failed} submitted again: {_ids(ids)}", flush=True)
+    if args.wait and ids:
+        import client as psij
+
+        with psij.JobExecutor.get_instance("pilot", url=str(rundir.path)) as ex:
+            jobs = []
+            for native_id in ids:
+                job = psij.Job()
+                ex.attach(job, native_id)
+                jobs.append(job)
+            _wait(args, jobs, run=run)
+    if len(ids) < len(descriptions):
         raise SystemExit(1)
