@@ -422,9 +422,24 @@ def status(core: Core, *, pilot: dict[str, Any]) -> dict[str, Any]:
         "nodes": nodes,
         "jobs": {s.value: n for s, n in core.book.counts.items() if n},
         "queued": len(core.book.queue) + len(core.book.behind),
+        "warnings": _unmatched_patterns(core),
     }
     masked: dict[str, Any] = redact(st)  # nothing that looks like a secret leaves in a status
     return masked
+
+
+def _unmatched_patterns(core: Core) -> list[str]:
+    """[nodes.PATTERN] tables that match none of the nodes registered: what they set applies nowhere
+    (for a batch site, node names are known only now; 'pilot up' judged a local one already)."""
+    names = [n.partition("@")[0] for n in core.nodes.slots]
+    if not names:
+        return []
+    return [
+        f"[nodes.{pattern!r}] of the config matches none of the {len(names)} node(s) registered: "
+        "what it sets applies nowhere"
+        for pattern, _ in core.config.nodes
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names)
+    ]
 
 
 def _id_order(job_id: str) -> tuple[int, str]:

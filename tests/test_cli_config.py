@@ -65,6 +65,16 @@ def test_up_warns_of_a_node_pattern_that_matches_no_node(pilot_home: Path, tmp_p
             f"pilot up: warning: {cfg}: [nodes.'gpu*'] matches no node of this pilot (local-0, local-1): "
             "what it sets applies nowhere; fix the pattern"
         )
+
+        def status() -> str | None:
+            text = cli("status", "--rundir", str(rd)).stdout
+            return text if "local-1  active" in text else None
+
+        text = wait_for(status, what="both agents")  # as for a batch site, whose node names come only now
+        assert text.splitlines()[-1] == (
+            "warning: [nodes.'gpu*'] of the config matches none of the 2 node(s) registered: "
+            "what it sets applies nowhere"
+        )
     finally:
         assert cli("down", "--rundir", str(rd)).returncode == 0
     clean = tmp_path / "clean.toml"

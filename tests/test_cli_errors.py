@@ -316,3 +316,38 @@ def test_json_from_every_command_a_script_would_read(pilot_home: Path, tmp_path:
     finally:
         down = cli("down", "--rundir", rd, "--json")
     assert down.returncode == 0 and json.loads(down.stdout) == {"rundir": rd, "pid": started["pid"], "stopped": True}
+
+
+def test_status_lists_nodes_in_natural_order(start_pilot: Any) -> None:
+    # Twelve simulated nodes in one agent process: 'local-2' comes before 'local-10'.
+    pilot_ = start_pilot(
+        '[allocation]\nlrm = "local"\nnodes = 12\ncores_per_node = 1\nlaunch = "null"\nnodes_per_agent = 12\n'
+    )
+    agents_active(pilot_.executor(), 12)
+    lines = pilot_.cli("status").stdout.splitlines()
+    assert [ln.split()[0] for ln in lines if ln.startswith("local-")] == [f"local-{i}" for i in range(12)]
+
+
+def test_ctrl_c_in_submit_wait_says_the_jobs_go_on(start_pilot: Any) -> None:
+    pilot_ = start_pilot(ONE, name="p")
+    agents_active(pilot_.executor(), 1)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "pilot", "submit", "--name", "p", "--wait", "--", "sleep", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        run = proc.stdout.readline().split(":")[0]
+        wait_for(lambda: _states(run) == ["ACTIVE"], what="the job running")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err
+    assert f"pilot submit: interrupted: the jobs go on in the pilot ('pilot cancel --run {run}' stops them)" in err
+    assert _states(run) == ["ACTIVE"]
+    assert cli("cancel", "--name", "p", "--run", run).returncode == 0

@@ -273,6 +273,10 @@ def _kept(path: Path, job_id: str) -> dict[str, Any] | None:
 
 def _from_history(args: argparse.Namespace, path: Path) -> tuple[list[dict[str, Any]], bool]:
     """'pilot show' of jobs the pilot's history keeps (its latest life's job of each id)."""
+    if not path.exists():
+        fail(
+            f"no pilot is running in {path.parent}, and none there has kept a job history yet ('pilot ls' lists yours)"
+        )
     if getattr(args, "xml", False):
         fail("no pilot is running: the SSS XML of a job is kept only while its pilot runs; drop --xml", code=2)
     good, bad = [], False

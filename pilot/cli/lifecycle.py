@@ -254,6 +254,8 @@ def status_cmd(args: argparse.Namespace) -> None:
         print(line)
     jobs = st.get("jobs") or {}
     print("jobs: " + (", ".join(f"{k} {v}" for k, v in sorted(jobs.items())) or "none"))
+    for w in st.get("warnings") or []:
+        print(f"warning: {w}")
 
 
 def _natural(name: str) -> list[Any]:

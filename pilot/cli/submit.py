@@ -227,7 +227,11 @@ def _wait(args: argparse.Namespace, jobs: list[Any], *, run: str | None) -> None
     ends = []
     counts = {"completed": 0, "failed": 0, "skipped": 0, "canceled": 0}
     for job in jobs:
-        st = job.wait() or job.status  # no timeout given: it returns once the job has ended
+        try:
+            st = job.wait() or job.status  # no timeout given: it returns once the job has ended
+        except KeyboardInterrupt:
+            again = f"'pilot cancel --run {run}'" if run else "'pilot cancel ID...'"
+            fail(f"interrupted: the jobs go on in the pilot ({again} stops them)", code=130)
         message = st.message or ""
         if st.state is psij.JobState.COMPLETED:
             kind = "completed"
