@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,9 @@ class HistoryError(RuntimeError):
     """The history file cannot be read or written; the message names it."""
 
 
-def keep(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """Add ``rows`` (views' job rows, with their Delivered) to the history at ``path`` (made 0600)."""
-    if not rows:
-        return
+def keep(rows: Iterable[dict[str, Any]], path: Path) -> None:
+    """Add ``rows`` (views' job rows, with their Delivered) to the history at ``path`` (made 0600), one
+    at a time: a journal of many jobs is never all in memory."""
     try:
         path.touch(mode=0o600, exist_ok=True)
         with sqlite3.connect(path) as db:

@@ -501,14 +501,22 @@ class Store:
             "SELECT id, description, state, state_time, exit_code, message, metadata, submitted, started, ended "
             "FROM jobs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY seq"
         )
+        return list(self.iter_job_rows(sql, params))
+
+    def iter_job_rows(self, sql: str | None = None, params: Sequence[Any] = ()) -> Iterator[tuple[Any, ...]]:
+        """:meth:`job_rows` one at a time (all of them by default): the history kept at a clean stop
+        copies every job without holding them all in memory."""
+        sql = sql or (
+            "SELECT id, description, state, state_time, exit_code, message, metadata, submitted, started, ended "
+            "FROM jobs ORDER BY seq"
+        )
         try:
-            rows = self._db.execute(sql, params).fetchall()
+            cursor = self._db.execute(sql, params)
+            while rows := cursor.fetchmany(1000):
+                for job_id, desc, state, t, code, message, meta, submitted, started, ended in rows:
+                    yield (job_id, _map(desc), state, t, code, message, _map(meta), submitted, started, ended)
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
-        out = []
-        for job_id, desc, state, t, code, message, meta, submitted, started, ended in rows:
-            out.append((job_id, _map(desc), state, t, code, message, _map(meta), submitted, started, ended))
-        return out
 
     def job_status(self, job_id: str) -> tuple[list[Any], str | None] | None:
         """A job's status in its wire form and its name, from the journal (the daemon keeps only jobs

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from pilot.allocations import allocation_of_node
@@ -71,10 +71,11 @@ def jobs(
     return {"jobs": chosen[left_out:], "left_out": left_out}
 
 
-def history_rows(history: History) -> list[dict[str, Any]]:
-    """Every job the journal holds, as 'pilot jobs' rows with their Delivered: what the accounting
-    record (:mod:`pilot.history`) keeps when the pilot stops."""
-    return [_stored_row(*raw) | {"delivered": raw[6]} for raw in history.job_rows()]
+def history_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[dict[str, Any]]:
+    """The journal's job rows (``Store.iter_job_rows``) as 'pilot jobs' rows with their Delivered: what
+    the accounting record (:mod:`pilot.history`) keeps when the pilot stops."""
+    for raw in rows:
+        yield _stored_row(*raw) | {"delivered": raw[6]}
 
 
 def _live_row(job: JobRecord) -> dict[str, Any]:
