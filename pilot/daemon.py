@@ -209,7 +209,7 @@ class Daemon:
     def _keep_history(self, store: Store) -> None:
         """Before the journal goes (a clean stop): its jobs into the run directory's history."""
         try:
-            history.keep(views.history_rows(store.iter_job_rows()), self.rundir.history_file)
+            history.keep(views.history_rows(store.job_rows()), self.rundir.history_file)
         except (history.HistoryError, JournalError) as exc:
             log.error("job history not kept", error=str(exc))
 

@@ -485,10 +485,13 @@ class Store:
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
 
-    def job_rows(self, *, states: Sequence[str] = (), since: float | None = None) -> list[tuple[Any, ...]]:
-        """Every job's summary row for 'pilot jobs', in submission order, narrowed by state and submit
-        time: (id, description map, state, state_time, exit_code, message, metadata, submitted, started,
-        ended). A map or metadata that cannot be read comes as {} (the row is still listed)."""
+    def job_rows(
+        self, *, states: Sequence[str] = (), since: float | None = None, newest_first: bool = False
+    ) -> Iterator[tuple[Any, ...]]:
+        """Job summary rows for 'pilot jobs' and the history, one at a time, in submission order (or
+        newest first), narrowed by state and submit time: (id, description map, state, state_time,
+        exit_code, message, metadata, submitted, started, ended). A map or metadata that cannot be read
+        comes as {} (the row is still listed). Consume it (or close it) before the next commit."""
         where: list[str] = []
         params: list[Any] = []
         if states:
@@ -500,23 +503,19 @@ class Store:
         sql = (
             "SELECT id, description, state, state_time, exit_code, message, metadata, submitted, started, ended "
             "FROM jobs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY seq"
-        )
-        return list(self.iter_job_rows(sql, params))
-
-    def iter_job_rows(self, sql: str | None = None, params: Sequence[Any] = ()) -> Iterator[tuple[Any, ...]]:
-        """:meth:`job_rows` one at a time (all of them by default): the history kept at a clean stop
-        copies every job without holding them all in memory."""
-        sql = sql or (
-            "SELECT id, description, state, state_time, exit_code, message, metadata, submitted, started, ended "
-            "FROM jobs ORDER BY seq"
-        )
+        ) + (" DESC" if newest_first else "")
         try:
             cursor = self._db.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise _error(self.path, exc) from None
+        try:
             while rows := cursor.fetchmany(1000):
                 for job_id, desc, state, t, code, message, meta, submitted, started, ended in rows:
                     yield (job_id, _map(desc), state, t, code, message, _map(meta), submitted, started, ended)
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
+        finally:
+            cursor.close()
 
     def job_status(self, job_id: str) -> tuple[list[Any], str | None] | None:
         """A job's status in its wire form and its name, from the journal (the daemon keeps only jobs

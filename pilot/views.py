@@ -48,31 +48,50 @@ def jobs(
     limit: int | None = None,
 ) -> dict[str, Any]:
     """'pilot jobs': one summary row per job that matches every filter given (state, a glob on the
-    name, the run, submitted at or after ``since``), in submission order; the journal's rows with the
-    memory's fresher state over them. With ``limit``, the last ``limit`` rows and how many were left out."""
-    rows: dict[str, dict[str, Any]] = {}
-    history = core.book.history
-    if history is not None:
-        for raw in history.job_rows(states=states, since=since):
-            rows[raw[0]] = _stored_row(*raw)
-    for job in core.book.jobs.values():
-        rows[job.id] = _live_row(job)
+    name, the run, submitted at or after ``since``), in submission order: the jobs in memory, and those
+    only the journal holds. With ``limit``, the last ``limit`` rows: the journal is read newest first
+    and only until it has given that many (this runs in the daemon's I/O loop); ``left_out`` says how
+    many earlier ones match (None: some, not counted)."""
     wanted = set(states)
+
+    def matches(state: str, submitted: float, job_name: str | None, job_run: str | None) -> bool:
+        return (
+            (not wanted or state in wanted)
+            and (since is None or submitted >= since)
+            and (name is None or fnmatch.fnmatchcase(job_name or "", name))
+            and (run is None or job_run == run)
+        )
+
+    live = core.book.jobs
     chosen = [
-        r
-        for r in rows.values()
-        if (not wanted or r["state"] in wanted)
-        and (since is None or r["submitted"] >= since)
-        and (name is None or fnmatch.fnmatchcase(r["name"] or "", name))
-        and (run is None or r["run"] == run)
+        _live_row(j)
+        for j in live.values()
+        if matches(j.state.value, j.submitted, j.description.name, _run_of(j.description.custom_attributes))
     ]
+    history = core.book.history
+    more = False
+    if history is not None:
+        stored = 0
+        for raw in history.job_rows(states=states, since=since, newest_first=limit is not None):
+            if raw[0] in live:
+                continue  # memory knows it better
+            row = _stored_row(*raw)
+            if not matches(row["state"], row["submitted"], row["name"], row["run"]):
+                continue
+            if limit is not None and stored == limit:
+                more = True  # one beyond what can be shown: earlier ones exist
+                break
+            chosen.append(row)
+            stored += 1
     chosen.sort(key=lambda r: _id_order(r["id"]))
-    left_out = max(0, len(chosen) - limit) if limit is not None else 0
-    return {"jobs": chosen[left_out:], "left_out": left_out}
+    if limit is None or len(chosen) <= limit:
+        return {"jobs": chosen, "left_out": None if more else 0}
+    cut = len(chosen) - limit
+    return {"jobs": chosen[cut:], "left_out": None if more else cut}
 
 
 def history_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[dict[str, Any]]:
-    """The journal's job rows (``Store.iter_job_rows``) as 'pilot jobs' rows with their Delivered: what
+    """The journal's job rows (``Store.job_rows``) as 'pilot jobs' rows with their Delivered: what
     the accounting record (:mod:`pilot.history`) keeps when the pilot stops."""
     for raw in rows:
         yield _stored_row(*raw) | {"delivered": raw[6]}

@@ -143,19 +143,24 @@ def query(args: argparse.Namespace, *, limit: int | None) -> dict[str, Any]:
 
 def jobs_cmd(args: argparse.Namespace) -> None:
     reply = query(args, limit=args.limit)
-    print_rows(args, reply.get("jobs") or [], int(reply.get("left_out") or 0))
+    left_out = reply.get("left_out")
+    print_rows(args, reply.get("jobs") or [], left_out if isinstance(left_out, int) else None)
 
 
-def print_rows(args: argparse.Namespace, rows: list[dict[str, Any]], left_out: int) -> None:
-    """Job rows as a table (or --json), as 'pilot jobs' and 'pilot history' print them."""
+def print_rows(args: argparse.Namespace, rows: list[dict[str, Any]], left_out: int | None) -> None:
+    """Job rows as a table (or --json: always the list), as 'pilot jobs' and 'pilot history' print them.
+    ``left_out``: how many earlier matching jobs were not shown (None: some, not counted), said on stderr."""
+    if left_out != 0:
+        count = f"{left_out} earlier job(s)" if left_out is not None else "earlier jobs"
+        print(
+            f"pilot {args.command}: {count} left out: --limit, or narrow with --state, --run, --since", file=sys.stderr
+        )
     if args.json:
-        print_json(rows if not left_out else {"jobs": rows, "left_out": left_out})
+        print_json(rows)
         return
     if not rows:
         print("no jobs" + (" match" if _filtered(args) else ""))
         return
-    if left_out:
-        print(f"({left_out} earlier job(s) left out: --limit, or narrow with --state, --run, --since)")
     out = [
         [
             r["id"],
@@ -359,7 +364,7 @@ def history_cmd(args: argparse.Namespace) -> None:
         for r in read(rundir.history_file, states=states, name=args.job_name, run=args.run, since=args.since)
     }
     if rundir.read_info() is not None:
-        for r in query(args, limit=None).get("jobs", []):
+        for r in query(args, limit=args.limit).get("jobs", []):
             rows[(r["id"], r["submitted"])] = r
     elif not rows and not rundir.history_file.exists():
         fail(f"no job history in {rundir.path} yet: it is kept when a pilot there stops ('pilot down')")

@@ -9,7 +9,7 @@ the per-state counts, the subscribers' statuses and the dependents' verdicts in 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -36,7 +36,9 @@ class History(Protocol):
 
     def job_ids(self) -> list[str]: ...
 
-    def job_rows(self, *, states: Sequence[str] = (), since: float | None = None) -> list[tuple[Any, ...]]: ...
+    def job_rows(
+        self, *, states: Sequence[str] = (), since: float | None = None, newest_first: bool = False
+    ) -> Iterator[tuple[Any, ...]]: ...
 
 
 class JobBook:
