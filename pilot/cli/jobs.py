@@ -201,28 +201,29 @@ def cancel_cmd(args: argparse.Namespace) -> None:
     if args.state and set(args.state) <= ended:
         fail(f"--state {','.join(args.state)}: those jobs have ended; nothing to cancel", code=2)
     rundir = rundir_of(args)
-    known = {r["id"]: r for r in query(argparse.Namespace(rundir=rundir.path), limit=None).get("jobs", [])}
-    picked: list[str] = []
-    if args.state or args.run:
-        for r in known.values():
-            if r["state"] in ended:
-                continue
-            if args.state and r["state"] not in args.state:
-                continue
-            if args.run and r.get("run") != args.run:
-                continue
-            picked.append(r["id"])
+    # Only unfinished jobs can be canceled, and the pilot holds every one of them in memory.
+    unfinished = [s.value for s in JobState if not s.final]
+    known = {
+        r["id"]: r for r in query(argparse.Namespace(rundir=rundir.path, state=unfinished), limit=None).get("jobs", [])
+    }
+    picked: list[str] = [
+        r["id"]
+        for r in known.values()
+        if (args.state or args.run)
+        and (not args.state or r["state"] in args.state)
+        and (not args.run or r.get("run") == args.run)
+    ]
     report: list[dict[str, Any]] = []
     bad = False
-    for job_id in args.ids:
-        row = known.get(job_id)
-        if row is None:
-            report.append({"id": job_id, "error": f"no job {job_id!r} in this pilot"})
-            bad = True
-        elif row["state"] in ended:
-            report.append({"id": job_id, "state": row["state"], "canceled": False})
-        elif job_id not in picked:
-            picked.append(job_id)
+    others = [i for i in dict.fromkeys(args.ids) if i not in known]
+    if others:  # ended, or unknown: the pilot's answer says which
+        for job_id, r in zip(others, _show(rundir, others), strict=False):
+            if "error" in r:
+                report.append({"id": job_id, "error": str(r["error"])})
+                bad = True
+            else:
+                report.append({"id": job_id, "state": r["job"]["state"], "canceled": False})
+    picked += [i for i in dict.fromkeys(args.ids) if i in known and i not in picked]
     if picked:
         results = request(rundir, wire.Kind.CANCEL, {"ids": picked}, timeout=60.0).get("results", [])
         for job_id, r in zip(picked, results, strict=False):
@@ -248,6 +249,13 @@ def cancel_cmd(args: argparse.Namespace) -> None:
 
 
 # -- show / explain / release / nodes -----------------------------------------------------------------
+
+
+def _show(rundir: Any, ids: list[str]) -> list[dict[str, Any]]:
+    from pilot import wire
+
+    results: list[dict[str, Any]] = request(rundir, wire.Kind.SHOW, {"ids": ids}, timeout=60.0).get("results", [])
+    return results
 
 
 def _per_job(args: argparse.Namespace, kind: str, *, history: Path | None = None) -> tuple[list[dict[str, Any]], bool]:
