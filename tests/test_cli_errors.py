@@ -58,6 +58,7 @@ def one_line(proc: subprocess.CompletedProcess[str]) -> str:
         (["cancel"], {}, 2, "name the jobs: IDs, --state STATE or --run RUN"),
         (["submit", "/nonexistent/job.xml"], {}, 2, "cannot read /nonexistent/job.xml: No such file or directory"),
         (["show", "1"], {}, 1, "no pilot is running in"),
+        (["run", "--url", "/nonexistent/pilot", "-n", "1"], {}, 1, "pilot run: no pilot is running in /nonexistent"),
         (["jobs"], {"PILOT_CONFIG": "/nonexistent.toml"}, 2, "config file /nonexistent.toml does not exist"),
     ],
 )

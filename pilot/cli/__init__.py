@@ -4,7 +4,8 @@ completion (:mod:`.completion`). The only package that prints.
 
 Whatever goes wrong reaches the user as one line that says what to change, never a traceback: a
 command fails with :class:`~pilot.cli.common.CliError`, and :func:`main` turns the rest (a closed pipe, an
-interrupt, an exception group out of a client thread) into a line and an exit status too."""
+interrupt, an exception group out of a client thread, the client's exceptions, even a bug: PILOT_DEBUG=1
+then shows its traceback) into a line and an exit status too."""
 
 from __future__ import annotations
 
@@ -54,6 +55,15 @@ def main(argv: list[str] | None = None) -> None:
         _say(f"{command}: {_first_leaf(group)}", 1)
     except OSError as exc:
         _say(f"{command}: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""), 1)
+    except Exception as exc:
+        if os.environ.get("PILOT_DEBUG"):
+            raise
+        from client.exceptions import InvalidJobException, InvalidStateException, SubmitException
+
+        if isinstance(exc, SubmitException | InvalidJobException | InvalidStateException):
+            _say(f"{command}: {exc}", 1)  # the client's messages say what happened and what to do
+        # Anything else is a bug of ours: one line still, and how to see the traceback.
+        _say(f"{command}: {type(exc).__name__}: {exc} (PILOT_DEBUG=1 shows where; please report it)", 1)
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> str:
