@@ -18,7 +18,7 @@ from pilot.core.reactor import Core
 from pilot.formats import write_job, write_nodes
 from pilot.frontends import DOCUMENTS, JOURNAL_EXTRAS, rebuild
 from pilot.jobs import JobRecord
-from pilot.model.job_description import DescriptionError, JobDescription
+from pilot.model.job_description import RUN_TAG, DescriptionError, JobDescription
 from pilot.model.job_state import JobState
 from pilot.model.sss import JobStatus, NodeObject, TaskStatus, job_with_status, node_object
 from pilot.model.sss.psij import to_sss
@@ -31,11 +31,6 @@ def job_ids(core: Core) -> list[str]:
     history = core.book.history
     known = history.job_ids() if history is not None else []
     return sorted(set(known).union(core.book.jobs), key=_id_order)
-
-
-#: The custom attribute (PSI/J ``JobAttributes.custom_attributes``) that names the run a job belongs to:
-#: what 'pilot run' and 'pilot submit' give their jobs, and what 'pilot jobs --run' and 'pilot cancel --run' pick.
-RUN_TAG = "pilot.run"
 
 
 def jobs(

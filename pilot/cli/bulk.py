@@ -13,7 +13,7 @@ from typing import Any
 
 from pilot import config as config_mod
 from pilot.cli.common import fail
-from pilot.views import RUN_TAG
+from pilot.model.job_description import RUN_TAG
 
 MAX_JOBS = 1_000_000
 _RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?", re.ASCII)

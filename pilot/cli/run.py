@@ -20,7 +20,7 @@ from typing import Any
 
 from pilot.cli.common import add_target, duration_arg, fail, pilot_name, rundir_of
 from pilot.cli.jobs import positive_int
-from pilot.views import RUN_TAG
+from pilot.model.job_description import RUN_TAG
 
 
 def add_parsers(sub: Any) -> None:

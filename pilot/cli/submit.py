@@ -1,4 +1,4 @@
-"""``pilot submit``: a job document (SSS XML, from a file or stdin), or jobs from the command line -- one
+"""``pilot submit``: a job document (SSS XML or JRDL, from a file or stdin), or jobs from the command line -- one
 command (``-- CMD``), an array of them (``--array 1-N -- CMD {i}``), one per line of a file
 (``--each-line FILE -- CMD {}``) or a JSON list (``--from-json FILE``) -- with their resources, duration,
 directory, environment and output paths. ``--wait`` follows them to their end; its exit status counts
@@ -27,10 +27,11 @@ _EVERY = 100
 def add_parsers(sub: Any) -> None:
     sb = sub.add_parser(
         "submit",
-        help="submit a job document (SSS XML) or jobs from a command: --array, --each-line, --from-json",
-        description="pilot submit FILE (a job document; - for stdin), or pilot submit [options] -- CMD ARGS "
-        "(one job), with --array 1-N (CMD may use {i}), --each-line FILE (CMD may use {} for the line and {i} "
-        "for its number) or --from-json FILE (a list of jobs; keys: " + ", ".join(bulk.FIELDS) + "). "
+        help="submit a job document (SSS XML, JRDL) or jobs from a command: --array, --each-line, --from-json",
+        description="pilot submit FILE (an SSS Job or JobGroup, or a <jrdl> document; - for stdin), or "
+        "pilot submit [options] -- CMD ARGS (one job), with --array 1-N (CMD may use {i}), "
+        "--each-line FILE (CMD may use {} for the line and {i} for its number) "
+        "or --from-json FILE (a list of jobs; keys: " + ", ".join(bulk.FIELDS) + "). "
         "Placeholders work in the arguments, --job-name and the --stdin/--stdout/--stderr paths.",
     )
     add_target(sb)
@@ -108,7 +109,7 @@ def _submit_document(args: argparse.Namespace) -> None:
 
     if len(args.words) != 1:
         fail(
-            "give one job document (SSS XML; - for stdin), or a command after -- (pilot submit -- CMD ARGS), "
+            "give one job document (SSS XML or JRDL; - for stdin), or a command after -- (pilot submit -- CMD ARGS), "
             "with --array, --each-line or --from-json for many",
             code=2,
         )
@@ -118,7 +119,7 @@ def _submit_document(args: argparse.Namespace) -> None:
     except OSError as exc:
         fail(f"cannot read {path}: {exc.strerror or exc}", code=2)
     rundir = rundir_of(args)
-    reply = request(rundir, wire.Kind.SUBMIT, {"jobs": [{"sss": document.decode("utf-8", "replace")}]})
+    reply = request(rundir, wire.Kind.SUBMIT, {"jobs": [_document_entry(document.decode("utf-8", "replace"))]})
     result = (reply.get("results") or [{}])[0]
     if "error" in result:
         fail(f"{path}: {result['error']}", code=2)
@@ -139,6 +140,17 @@ def _submit_document(args: argparse.Namespace) -> None:
                 ex.attach(job, native_id)
                 jobs.append(job)
             _wait(args, jobs, run=None)
+
+
+def _document_entry(text: str) -> dict[str, Any]:
+    """What SUBMIT carries for a document: a ``<jrdl>`` one with the submitter's HOME, LOGNAME and
+    CUR_DIRL (its Table 1 names), anything else as SSS (whose reader names what is wrong with it)."""
+    from client.job_executor import jrdl_submitter
+    from pilot.formats.jrdl import is_jrdl
+
+    if is_jrdl(text):
+        return {"jrdl": text, "submitter": jrdl_submitter()}
+    return {"sss": text}
 
 
 # -- commands -------------------------------------------------------------------------------------------
@@ -263,7 +275,7 @@ def resubmit_cmd(args: argparse.Namespace) -> None:
     for a dependency are left (they never ran; their dependency decides), and so are jobs that came as a
     document (submit the document again)."""
     from pilot import wire
-    from pilot.views import RUN_TAG
+    from pilot.model.job_description import RUN_TAG
 
     rundir = rundir_of(args)
     rows = request(rundir, wire.Kind.JOBS, {"states": ["FAILED"], "run": args.failed}, timeout=60.0)["jobs"]

@@ -18,6 +18,7 @@ from pilot.core.clock import Clock
 from pilot.core.outbox import Outbox
 from pilot.core.phase import NEXT, IllegalMove, Phase
 from pilot.jobs import JobRecord, ProcessResult
+from pilot.model.job_description import RUN_TAG
 from pilot.model.job_state import JobState
 from pilot.scheduler.dag import JobGraph, Outcome, Verdict
 from pilot.scheduler.queue import JobQueue
@@ -302,6 +303,6 @@ def _ended(job: JobRecord) -> None:
         nodes=m.get("nodes") or [],
         processors=m.get("processors", 0),
         wall=round(float(m.get("wall_duration") or 0.0), 6),
-        run=job.description.custom_attributes.get("pilot.run"),
+        run=job.description.custom_attributes.get(RUN_TAG),
         message=job.message,
     )
