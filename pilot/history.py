@@ -8,6 +8,7 @@ Read by the CLI without a daemon; what it reads is treated as hostile (a damaged
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -30,7 +31,12 @@ class HistoryError(RuntimeError):
 
 def keep(rows: Iterable[dict[str, Any]], path: Path) -> None:
     """Add ``rows`` (views' job rows, with their Delivered) to the history at ``path`` (made 0600), one
-    at a time: a journal of many jobs is never all in memory."""
+    at a time: a journal of many jobs is never all in memory. No rows: no file."""
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is None:
+        return
+    rows = itertools.chain([first], rows)
     try:
         path.touch(mode=0o600, exist_ok=True)
         with sqlite3.connect(path) as db:

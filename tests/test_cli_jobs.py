@@ -182,7 +182,12 @@ def test_one_rule_picks_the_pilot_in_every_command(start_pilot: Any, tmp_path: P
     assert [ln.split()[:3] for ln in text[1:]] == [["p", "running", str(p.pid)], ["q", "running", str(q.pid)]]
     down = cli("down", "--name", "q")
     assert down.returncode == 0, down.stderr
-    assert [x["name"] for x in json.loads(cli("ls", "--json").stdout) if x["state"] == "running"] == ["p"]
+    after = json.loads(cli("ls", "--json").stdout)
+    assert [(x["name"], x["state"], x.get("kept")) for x in after] == [
+        ("p", "running", None),
+        ("q", "stopped", "history"),
+    ]
+    assert cli("ls").stdout.splitlines()[2].split()[:2] == ["q", "stopped"]
 
 
 def test_run_never_starts_an_embedded_pilot_silently(start_pilot: Any) -> None:

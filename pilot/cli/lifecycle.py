@@ -66,7 +66,7 @@ def add_parsers(sub: Any) -> None:
     st.add_argument("--json", action="store_true", help="the whole status as JSON")
     st.set_defaults(func=status_cmd)
 
-    ls = sub.add_parser("ls", help="your pilots: those running, and stopped ones that left a journal")
+    ls = sub.add_parser("ls", help="your pilots: those running, and stopped ones that left a journal or a job history")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=ls_cmd)
 
@@ -283,7 +283,7 @@ def _allocation_line(a: dict[str, Any], *, several: bool) -> str:
 
 def pilots() -> list[dict[str, Any]]:
     """The user's pilots under $PILOT_HOME: running ones (with their info), and stopped ones that left
-    a journal (a 'pilot up' there resumes it)."""
+    a journal (a 'pilot up' there resumes it) or a job history."""
     base = root()
     out: list[dict[str, Any]] = []
     try:
@@ -307,7 +307,9 @@ def pilots() -> list[dict[str, Any]]:
                 }
             )
         elif (path / "journal.db").exists():
-            out.append({"name": path.name, "state": "stopped", "rundir": str(path)})
+            out.append({"name": path.name, "state": "stopped", "kept": "journal", "rundir": str(path)})
+        elif rd.history_file.exists():
+            out.append({"name": path.name, "state": "stopped", "kept": "history", "rundir": str(path)})
     return out
 
 
@@ -326,8 +328,10 @@ def ls_cmd(args: argparse.Namespace) -> None:
             up = dur(now - float(p["started"])) if isinstance(p.get("started"), (int, float)) else "-"
             what = "embedded (of a 'pilot run' or a client)" if p["embedded"] else str(p.get("config") or "")
             rows.append([p["name"], "running", str(p["pid"]), up, what])
+        elif p["kept"] == "journal":
+            rows.append([p["name"], "stopped", "-", "-", f"journal kept: 'pilot up --name {p['name']}' resumes it"])
         else:
-            rows.append([p["name"], "stopped", "-", "-", "journal kept: 'pilot up --name NAME' resumes it"])
+            rows.append([p["name"], "stopped", "-", "-", f"jobs kept: 'pilot history --name {p['name']}'"])
     for line in table(["name", "state", "pid", "up", "config"], rows):
         print(line)
 
