@@ -107,6 +107,15 @@ def test_psij_finds_the_executor_outside_the_checkout(start_pilot: Any, tmp_path
     _install(python, *(["-e"] if editable else []), str(source))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    script = subprocess.run(
+        [str(python.parent / "pilot"), "--version"],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        timeout=60,
+    )
+    assert script.returncode == 0 and script.stdout.startswith("pilot "), script.stderr  # the console script
     state, client_file = _probe(python, pilot.rundir.path, elsewhere)
     assert state == "COMPLETED"
     if editable:
