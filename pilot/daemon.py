@@ -20,7 +20,7 @@ import anyio
 import structlog
 
 import pilot
-from pilot import lrm, site, views, wire
+from pilot import history, lrm, site, views, wire
 from pilot.acquisition import Acquisition
 from pilot.allocations import AllocationBook, PilotAllocation, Site
 from pilot.config import Config
@@ -44,6 +44,7 @@ from pilot.wire.messages import (
     Body,
     Cancel,
     Explain,
+    Jobs,
     Kill,
     Launch,
     ListJobs,
@@ -187,6 +188,8 @@ class Daemon:
             clean = True
         finally:
             if self.store is not None:
+                if clean:
+                    self._keep_history(self.store)
                 try:
                     self.store.discard() if clean else self.store.close()
                 except JournalError as exc:
@@ -202,6 +205,13 @@ class Daemon:
                     self.rundir.abandoned_file.unlink(missing_ok=True)
                 os.close(self._lock_fd)
             log.info("pilot stopped")
+
+    def _keep_history(self, store: Store) -> None:
+        """Before the journal goes (a clean stop): its jobs into the run directory's history."""
+        try:
+            history.keep(views.history_rows(store.job_rows()), self.rundir.history_file)
+        except (history.HistoryError, JournalError) as exc:
+            log.error("job history not kept", error=str(exc))
 
     async def _open_journal(self) -> Recovered:
         """Open the journal as ``self.start`` says, never a silent fresh start over an earlier life (see
@@ -407,6 +417,8 @@ class Daemon:
                 return {"results": [views.show(core, i) for i in ids]}
             case ListJobs():
                 return {"ids": views.job_ids(core)}
+            case Jobs(states=states, name=name, run=run, since=since, limit=limit):
+                return views.jobs(core, states=states, name=name, run=run, since=since, limit=limit)
             case Status():
                 return self.status()
             case Nodes():

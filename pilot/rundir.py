@@ -47,6 +47,11 @@ class RunDir:
         return self.path / "pilot.lock"
 
     @property
+    def history_file(self) -> Path:
+        """Every job of the pilot's earlier lives, kept when each stopped cleanly (:mod:`pilot.history`)."""
+        return self.path / "history.db"
+
+    @property
     def agents_dir(self) -> Path:
         return self.path / "agents"
 

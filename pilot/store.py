@@ -485,6 +485,38 @@ class Store:
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
 
+    def job_rows(
+        self, *, states: Sequence[str] = (), since: float | None = None, newest_first: bool = False
+    ) -> Iterator[tuple[Any, ...]]:
+        """Job summary rows for 'pilot jobs' and the history, one at a time, in submission order (or
+        newest first), narrowed by state and submit time: (id, description map, state, state_time,
+        exit_code, message, metadata, submitted, started, ended). A map or metadata that cannot be read
+        comes as {} (the row is still listed). Consume it (or close it) before the next commit."""
+        where: list[str] = []
+        params: list[Any] = []
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            params += list(states)
+        if since is not None:
+            where.append("submitted >= ?")
+            params.append(since)
+        sql = (
+            "SELECT id, description, state, state_time, exit_code, message, metadata, submitted, started, ended "
+            "FROM jobs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY seq"
+        ) + (" DESC" if newest_first else "")
+        try:
+            cursor = self._db.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise _error(self.path, exc) from None
+        try:
+            while rows := cursor.fetchmany(1000):
+                for job_id, desc, state, t, code, message, meta, submitted, started, ended in rows:
+                    yield (job_id, _map(desc), state, t, code, message, _map(meta), submitted, started, ended)
+        except sqlite3.Error as exc:
+            raise _error(self.path, exc) from None
+        finally:
+            cursor.close()
+
     def job_status(self, job_id: str) -> tuple[list[Any], str | None] | None:
         """A job's status in its wire form and its name, from the journal (the daemon keeps only jobs
         that have not ended in memory); None when there is no such job."""
@@ -544,6 +576,17 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _map(blob: bytes | None) -> dict[str, Any]:
+    """A journaled msgpack map, or {} when there is none or it cannot be read."""
+    if blob is None:
+        return {}
+    try:
+        value = unpack(blob)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _taken(job: JobRecord) -> list[bool]:

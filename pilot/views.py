@@ -1,11 +1,13 @@
-"""Read-only views of the core for 'pilot status', 'explain', 'show' and 'nodes': they look, never change.
+"""Read-only views of the core for 'pilot status', 'jobs', 'explain', 'show' and 'nodes': they look, never change.
 
 Jobs that left memory (ended, or from an earlier daemon) are answered from the journal.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from pilot.allocations import allocation_of_node
@@ -15,9 +17,9 @@ from pilot.core.outcome import task_entries
 from pilot.core.phase import Phase
 from pilot.core.reactor import Core
 from pilot.formats import write_job, write_nodes
-from pilot.frontends import JOURNAL_EXTRAS, rebuild
+from pilot.frontends import DOCUMENTS, JOURNAL_EXTRAS, rebuild
 from pilot.jobs import JobRecord
-from pilot.model.job_description import DescriptionError, JobDescription
+from pilot.model.job_description import RUN_TAG, DescriptionError, JobDescription
 from pilot.model.job_state import JobState
 from pilot.model.sss import JobStatus, NodeObject, TaskStatus, job_with_status, node_object
 from pilot.model.sss.psij import to_sss
@@ -30,6 +32,124 @@ def job_ids(core: Core) -> list[str]:
     history = core.book.history
     known = history.job_ids() if history is not None else []
     return sorted(set(known).union(core.book.jobs), key=_id_order)
+
+
+def jobs(
+    core: Core,
+    *,
+    states: Sequence[str] = (),
+    name: str | None = None,
+    run: str | None = None,
+    since: float | None = None,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """'pilot jobs': one summary row per job that matches every filter given (state, a glob on the
+    name, the run, submitted at or after ``since``), in submission order: the jobs in memory, and those
+    only the journal holds. With ``limit``, the last ``limit`` rows: the journal is read newest first
+    and only until it has given that many (this runs in the daemon's I/O loop); ``left_out`` says how
+    many earlier ones match (None: some, not counted)."""
+    wanted = set(states)
+
+    def matches(state: str, submitted: float, job_name: str | None, job_run: str | None) -> bool:
+        return (
+            (not wanted or state in wanted)
+            and (since is None or submitted >= since)
+            and (name is None or fnmatch.fnmatchcase(job_name or "", name))
+            and (run is None or job_run == run)
+        )
+
+    live = core.book.jobs
+    chosen = [
+        _live_row(j)
+        for j in live.values()
+        if matches(j.state.value, j.submitted, j.description.name, _run_of(j.description.custom_attributes))
+    ]
+    history = core.book.history
+    more = False
+    if history is not None:
+        stored = 0
+        for raw in history.job_rows(states=states, since=since, newest_first=limit is not None):
+            if raw[0] in live:
+                continue  # memory knows it better
+            row = _stored_row(*raw)
+            if not matches(row["state"], row["submitted"], row["name"], row["run"]):
+                continue
+            if limit is not None and stored == limit:
+                more = True  # one beyond what can be shown: earlier ones exist
+                break
+            chosen.append(row)
+            stored += 1
+    chosen.sort(key=lambda r: _id_order(r["id"]))
+    if limit is None or len(chosen) <= limit:
+        return {"jobs": chosen, "left_out": None if more else 0}
+    cut = len(chosen) - limit
+    return {"jobs": chosen[cut:], "left_out": None if more else cut}
+
+
+def history_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[dict[str, Any]]:
+    """The journal's job rows (``Store.job_rows``) as 'pilot jobs' rows with their Delivered: what
+    the accounting record (:mod:`pilot.history`) keeps when the pilot stops."""
+    for raw in rows:
+        yield _stored_row(*raw) | {"delivered": raw[6]}
+
+
+def _live_row(job: JobRecord) -> dict[str, Any]:
+    d, ranks = job.description, job.run.ranks
+    return {
+        "id": job.id,
+        "name": d.name,
+        "run": _run_of(d.custom_attributes),
+        "state": job.state.value,
+        "time": job.state_time,
+        "exit_code": job.exit_code,
+        "message": job.message,
+        "submitted": job.submitted,
+        "started": job.run.started,
+        "ended": job.run.ended if job.final else None,
+        "nodes": sorted({r.node for r in ranks}),
+        "cores": sum(len(r.cores) for r in ranks),
+        "gpus": sum(len(r.gpus) for r in ranks),
+        "command": [d.executable, *d.arguments],
+    }
+
+
+def _stored_row(
+    job_id: str,
+    desc: dict[str, Any],
+    state: str,
+    t: float,
+    code: int | None,
+    message: str | None,
+    meta: dict[str, Any],
+    submitted: float,
+    started: float | None,
+    ended: float | None,
+) -> dict[str, Any]:
+    name, args = desc.get("name"), desc.get("arguments")
+    nodes = meta.get("nodes")
+    return {
+        "id": job_id,
+        "name": name if isinstance(name, str) else None,
+        "run": _run_of(desc.get("custom_attributes")),
+        "state": state,
+        "time": t,
+        "exit_code": code,
+        "message": message,
+        "submitted": submitted,
+        "started": started,
+        "ended": ended,
+        "nodes": [str(n) for n in nodes] if isinstance(nodes, list) else [],
+        "cores": int(meta.get("processors") or 0),
+        "gpus": int(meta.get("gpus") or 0),
+        "command": [str(desc.get("executable", "")), *(str(a) for a in args)]
+        if isinstance(args, list)
+        else [str(desc.get("executable", ""))],
+    }
+
+
+def _run_of(custom: Any) -> str | None:
+    run = custom.get(RUN_TAG) if isinstance(custom, dict) else None
+    return run if isinstance(run, str) else None
 
 
 def explain(core: Core, job_id: str) -> dict[str, Any]:
@@ -153,7 +273,9 @@ def _placed_reason(core: Core, job: JobRecord) -> str:
 
 
 def show(core: Core, job_id: str) -> dict[str, Any]:
-    """The job as SSS Job XML with its State, times, Delivered and (once placed) its Task elements."""
+    """The job as SSS Job XML with its State, times, Delivered and (once placed) its Task elements, and as
+    a 'pilot jobs' row with its Delivered and its description (None when it came as a document), which
+    'pilot resubmit' sends again."""
     job = core.book.jobs.get(job_id)
     if job is not None:
         source = job.request.shown or to_sss(job.description)
@@ -161,14 +283,21 @@ def show(core: Core, job_id: str) -> dict[str, Any]:
         started, ended, held = job.run.started, job.run.ended, job.user_hold
         tasks = _task_status(job)
         submitted: float | None = job.submitted
+        row = _live_row(job)
+        # A job written as a document (request.shown) is resubmitted as that document, not from here.
+        row["description"] = None if job.request.shown is not None else job.description.to_wire()
     else:
         history: History | None = core.book.history
         found = history.job_record(job_id) if history is not None else None
         if found is None:
             return {"error": f"no job {job_id!r} in this pilot"}
         raw, status, submitted, started, ended = found
+        row = _stored_row(
+            job_id, raw, status[1], status[2], status[3], status[4], status[5] or {}, submitted, started, ended
+        )
         try:
             plain = {k: v for k, v in raw.items() if k not in JOURNAL_EXTRAS}
+            row["description"] = None if any(k in raw for k in DOCUMENTS) else plain
             description = JobDescription.from_wire(plain)
             source = rebuild(description, raw, cluster=core.nodes.cluster).shown or to_sss(description)
         except DescriptionError as exc:
@@ -187,7 +316,8 @@ def show(core: Core, job_id: str) -> dict[str, Any]:
         delivered=status[5] or {},
         tasks=tasks,
     )
-    return {"id": job_id, "xml": write_job(job_with_status(source, st))}
+    row |= {"delivered": status[5] or {}, "held": held, "tasks": [[t.group, t.task, t.node] for t in tasks]}
+    return {"id": job_id, "xml": write_job(job_with_status(source, st)), "job": row}
 
 
 def _task_status(job: JobRecord) -> list[TaskStatus]:
@@ -253,9 +383,16 @@ def status(core: Core, *, pilot: dict[str, Any]) -> dict[str, Any]:
         h.to_status(registered=sum(1 for n in h.nodes if n in agents and agents[n].state == "active"))
         for h in held.values()
     ]
+    # Orders sent to an agent that wait there behind a busy core (pilot.backlog) are not running yet.
+    waiting: dict[str, int] = {}
+    for job_id in core.book.behind:
+        job = core.book.jobs.get(job_id)
+        for r in job.run.ranks if job is not None else ():
+            waiting[r.node] = waiting.get(r.node, 0) + 1
     nodes = []
     for name, slots in core.nodes.slots.items():
         agent = agents[name]
+        outstanding = len(agent.processes)
         nodes.append(
             {
                 "name": name,
@@ -268,7 +405,9 @@ def status(core: Core, *, pilot: dict[str, Any]) -> dict[str, Any]:
                 "free_gpus": len(slots.free_gpus),
                 "memory": slots.memory,
                 "free_memory": slots.free_memory,
-                "processes": len(agent.processes),
+                "processes": outstanding,
+                "running": max(0, outstanding - waiting.get(name, 0)),
+                "waiting": min(outstanding, waiting.get(name, 0)),
                 "load": agent.load,
                 "os": agent.node.os,
                 "architecture": agent.node.architecture,
@@ -291,6 +430,8 @@ def status(core: Core, *, pilot: dict[str, Any]) -> dict[str, Any]:
                         "memory": n.memory,
                         "free_memory": 0,
                         "processes": 0,
+                        "running": 0,
+                        "waiting": 0,
                         "load": [],
                         "os": n.os,
                         "architecture": n.architecture,
@@ -309,9 +450,24 @@ def status(core: Core, *, pilot: dict[str, Any]) -> dict[str, Any]:
         "nodes": nodes,
         "jobs": {s.value: n for s, n in core.book.counts.items() if n},
         "queued": len(core.book.queue) + len(core.book.behind),
+        "warnings": _unmatched_patterns(core),
     }
     masked: dict[str, Any] = redact(st)  # nothing that looks like a secret leaves in a status
     return masked
+
+
+def _unmatched_patterns(core: Core) -> list[str]:
+    """[nodes.PATTERN] tables that match none of the nodes registered: what they set applies nowhere
+    (for a batch site, node names are known only now; 'pilot up' judged a local one already)."""
+    names = [n.partition("@")[0] for n in core.nodes.slots]
+    if not names:
+        return []
+    return [
+        f"[nodes.{pattern!r}] of the config matches none of the {len(names)} node(s) registered: "
+        "what it sets applies nowhere"
+        for pattern, _ in core.config.nodes
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names)
+    ]
 
 
 def _id_order(job_id: str) -> tuple[int, str]:

@@ -350,7 +350,7 @@ def test_explain_hold_release_and_dependency_wait(pilot: Pilot, work: Path) -> N
     text = pilot.cli("explain", after, held).stdout
     assert f"waits for job {first} ('first') to end (OnSuccess)" in text, text
     assert f"'pilot release {held}'" in text, text
-    shown = ET.fromstring(pilot.cli("show", held).stdout)
+    shown = ET.fromstring(pilot.cli("show", held, "--xml").stdout)
     assert shown.findtext("State") == "Hold"
     big_text = pilot.cli("explain", big).stdout  # 15 cores asked, first holds one
     assert "waits for resources" in big_text and "room for 14" in big_text, big_text

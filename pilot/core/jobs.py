@@ -9,15 +9,21 @@ the per-state counts, the subscribers' statuses and the dependents' verdicts in 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
+
+import structlog
 
 from pilot.core.clock import Clock
 from pilot.core.outbox import Outbox
 from pilot.core.phase import NEXT, IllegalMove, Phase
 from pilot.jobs import JobRecord, ProcessResult
+from pilot.model.job_description import RUN_TAG
 from pilot.model.job_state import JobState
 from pilot.scheduler.dag import JobGraph, Outcome, Verdict
 from pilot.scheduler.queue import JobQueue
+
+log = structlog.get_logger("pilot.jobs")
 
 
 class History(Protocol):
@@ -30,6 +36,10 @@ class History(Protocol):
     def jobs_by_submit_id(self, submit_ids: list[str]) -> dict[str, list[str]]: ...
 
     def job_ids(self) -> list[str]: ...
+
+    def job_rows(
+        self, *, states: Sequence[str] = (), since: float | None = None, newest_first: bool = False
+    ) -> Iterator[tuple[Any, ...]]: ...
 
 
 class JobBook:
@@ -102,6 +112,7 @@ class JobBook:
             job.message = message
             job.metadata = metadata or {}
             self._retired.append(job)
+            _ended(job)
         self._dirty.add(job)
         status = job.status()
         statuses = self.outbox.statuses
@@ -278,3 +289,20 @@ class JobBook:
             if job.final and not job.run.processes:
                 self.jobs.pop(job.id, None)
         self._retired.clear()
+
+
+def _ended(job: JobRecord) -> None:
+    """One info line per job end in the daemon's log: what 'grep' and log tools find after the fact."""
+    m = job.metadata
+    log.info(
+        "job ended",
+        job=job.id,
+        name=job.description.name,
+        state=job.state.value,
+        exit_code=job.exit_code,
+        nodes=m.get("nodes") or [],
+        processors=m.get("processors", 0),
+        wall=round(float(m.get("wall_duration") or 0.0), 6),
+        run=job.description.custom_attributes.get(RUN_TAG),
+        message=job.message,
+    )

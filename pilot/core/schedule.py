@@ -95,11 +95,16 @@ class Scheduler(Part):
             JobState.FAILED,
             t=now,
             message=(
-                f"not started: JobAttributes.duration of {duration:g} s cannot finish before the "
-                f"allocation's walltime ends in {left:.0f} s, and no later allocation will come"
+                f"not started: JobAttributes.duration of {duration:g} s{_DEFAULT_NOTE if duration == 600 else ''} "
+                f"cannot finish before the allocation's walltime ends in {left:.0f} s, and no later allocation "
+                "will come; give it a shorter duration (JobAttributes.duration; pilot run/submit --duration)"
                 if duration is not None and not closing
                 else f"not started: the allocation's walltime ends in {left:.0f} s"
                 if ends
                 else "not started: no allocation is left and none can come"
             ),
         )
+
+
+#: A job with no duration of its own gets PSI/J's default: say so, or 600 s looks like the user's choice.
+_DEFAULT_NOTE = " (PSI/J's default of 10 minutes when none is set)"

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from pilot.config import ConfigError, parse_size
-from pilot.model.job_description import RESTARTABLE, RETRIES, DescriptionError, JobDescription
+from pilot.model.job_description import RESTARTABLE, RETRIES, RUN_TAG, DescriptionError, JobDescription
 from pilot.model.output_stream import STREAM_OUTPUT
 from pilot.model.sss import Property, SssError, effective_jobs
 from pilot.model.sss.job import Properties
@@ -43,7 +43,7 @@ from pilot.scheduler.matching import compile_requirements
 
 PREFIX: Final = "pilot."
 #: ``pilot.*`` custom attributes other parts of the pilot act on (not requirements): add a new one here.
-OTHER_KEYS: Final = frozenset({RESTARTABLE, RETRIES, PRIORITY, STREAM_OUTPUT})
+OTHER_KEYS: Final = frozenset({RESTARTABLE, RETRIES, PRIORITY, STREAM_OUTPUT, RUN_TAG})
 #: Node kinds, which may also be preferences: key -> how its value becomes an SSS property.
 NODE_KINDS: Final = ("feature", "feature_match", "node", "node_match", "architecture", "os")
 SIZES: Final = {"disk": "Disk", "swap": "Swap", "network": "Network"}

@@ -219,6 +219,9 @@ class LocalExecutor(LrmExecutor):
     async def poll(self, allocations: Sequence[Allocation]) -> None:
         for alloc in allocations:
             procs = self._procs.get(alloc.native_id, [])
+            if alloc.state is AllocationState.ACTIVE and _past_walltime(alloc):
+                await self._end_at_walltime(alloc, procs)
+                continue
             if alloc.state is AllocationState.ACTIVE and procs and all(p.exited for p in procs):
                 alloc.state = AllocationState.FAILED
                 workdir = self._workdirs.get(alloc.native_id)
@@ -230,6 +233,27 @@ class LocalExecutor(LrmExecutor):
                 reaped = await anyio.to_thread.run_sync(_reap, alloc.native_id)
                 if reaped:
                     alloc.message += f"; {reaped} task process(es) they left were killed"
+
+    async def _end_at_walltime(self, alloc: Allocation, procs: list[_AgentProcess]) -> None:
+        """As a batch system ends a job at its time limit: the agents are stopped (SIGTERM to their
+        groups, SIGKILL after 5 s), what they leave is killed, and the allocation is over."""
+        log.info("local allocation reached its walltime", id=alloc.native_id, walltime=alloc.walltime)
+        alloc.state = AllocationState.ENDING
+        for p in procs:
+            p.signal_group(signal.SIGTERM)
+        with anyio.move_on_after(5):
+            for p in procs:
+                await p.wait()
+        for p in procs:
+            p.kill_group()
+            await p.wait()
+            await p.aclose()
+        reaped = await anyio.to_thread.run_sync(_reap, alloc.native_id)
+        alloc.message = f"ended at its walltime of {alloc.walltime:g} s (allocation.walltime)"
+        if reaped:
+            alloc.message += f"; {reaped} task process(es) left were killed"
+        alloc.state = AllocationState.DONE
+        self._procs.pop(alloc.native_id, None)
 
     async def node_lost(self, allocation: Allocation, node: str) -> None:
         reaped = await anyio.to_thread.run_sync(_reap, allocation.native_id, node)
@@ -308,10 +332,13 @@ class _AgentProcess:
         return "exited (its exit code went to the daemon that started it)"
 
     def kill_group(self) -> None:
+        self.signal_group(signal.SIGKILL)
+
+    def signal_group(self, sig: signal.Signals) -> None:
         if self.exited:
             return
         try:
-            os.killpg(self.pid, signal.SIGKILL)
+            os.killpg(self.pid, sig)
         except ProcessLookupError:
             pass
 
@@ -373,3 +400,7 @@ def _tail(path: Path, lines: int = 5) -> str:
     except OSError:
         return ""
     return " | ".join(line.strip() for line in text.splitlines()[-lines:] if line.strip())
+
+
+def _past_walltime(alloc: Allocation) -> bool:
+    return alloc.walltime is not None and alloc.started is not None and time.time() >= alloc.started + alloc.walltime

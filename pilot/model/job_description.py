@@ -179,6 +179,9 @@ _OPTIONAL_STRINGS: Final = (
 #: Custom attributes (PSI/J ``JobAttributes.custom_attributes``) that make a job restartable after node loss.
 RESTARTABLE: Final = "pilot.restartable"
 RETRIES: Final = "pilot.retries"
+#: Names the run a job belongs to: what 'pilot run' and 'pilot submit' give their jobs, and what 'pilot jobs
+#: --run', 'pilot cancel --run' and 'pilot resubmit --failed' select by. Free text; the pilot only keeps it.
+RUN_TAG: Final = "pilot.run"
 DEFAULT_RETRIES: Final = 3
 MAX_RETRIES: Final = 100
 _RES_FIELDS: Final = frozenset(ResourceRequest.__dataclass_fields__)

@@ -27,6 +27,7 @@ class Kind:
     CANCEL: Final = "cancel"
     ATTACH: Final = "attach"
     LIST: Final = "list"
+    JOBS: Final = "jobs"  # one summary row per job, filtered: 'pilot jobs'
     STATUS: Final = "status"
     SHUTDOWN: Final = "shutdown"
     EXPLAIN: Final = "explain"  # why a job waits (or failed)
@@ -57,6 +58,7 @@ CLIENT_KINDS: Final = frozenset(
         Kind.CANCEL,
         Kind.ATTACH,
         Kind.LIST,
+        Kind.JOBS,
         Kind.STATUS,
         Kind.SHUTDOWN,
         Kind.EXPLAIN,

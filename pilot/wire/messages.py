@@ -462,6 +462,48 @@ class ListJobs(_About):
     KIND = Kind.LIST
 
 
+@dataclass(frozen=True, slots=True)
+class Jobs:
+    """Summary rows of the jobs that match every filter given: states, a glob on the name, the run
+    (custom attribute ``pilot.run``), submitted at or after ``since``; at most the last ``limit``."""
+
+    KIND: ClassVar[str] = Kind.JOBS
+    rid: int
+    states: tuple[str, ...] = ()
+    name: str | None = None
+    run: str | None = None
+    since: float | None = None
+    limit: int | None = None
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "rid": self.rid,
+            "states": list(self.states),
+            "name": self.name,
+            "run": self.run,
+            "since": self.since,
+            "limit": self.limit,
+        }
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        states = opt_field(body, "states", list, [])
+        if not all(isinstance(s, str) and len(s) <= 64 for s in states) or len(states) > 16:
+            raise ProtocolError("field 'states' must be a list of at most 16 state names")
+        since = opt_field(body, "since", (int, float))
+        limit = opt_field(body, "limit", int)
+        if limit is not None and limit < 0:
+            raise ProtocolError("field 'limit' must not be negative")
+        return cls(
+            field(body, "rid", int),
+            tuple(states),
+            opt_field(body, "name", str),
+            opt_field(body, "run", str),
+            None if since is None else float(since),
+            limit,
+        )
+
+
 class Status(_About):
     __slots__ = ()
     KIND = Kind.STATUS
@@ -491,12 +533,12 @@ class Shutdown:
 
 
 ClientRequest = (
-    Submit | Abandon | Cancel | Attach | Explain | Show | Release | Hello | ListJobs | Status | Nodes | Shutdown
+    Submit | Abandon | Cancel | Attach | Explain | Show | Release | Hello | ListJobs | Jobs | Status | Nodes | Shutdown
 )
 
 TO_DAEMON_FROM_CLIENT: Mapping[str, type[Body]] = {
     c.KIND: c
-    for c in (Submit, Abandon, Cancel, Attach, Explain, Show, Release, Hello, ListJobs, Status, Nodes, Shutdown)
+    for c in (Submit, Abandon, Cancel, Attach, Explain, Show, Release, Hello, ListJobs, Jobs, Status, Nodes, Shutdown)
 }
 
 _CLIENT_KINDS = frozenset(TO_DAEMON_FROM_CLIENT)
