@@ -292,6 +292,14 @@ class JobExecutor:
         HOME, LOGNAME and CUR_DIRL resolve to this process's (its home, user name and directory)."""
         return self._submit_document("jrdl", document, submitter=jrdl_submitter())
 
+    def submit_document(self, document: str | bytes) -> SubmittedJobs:
+        """Submit a job document in whichever language it is written: a ``<jrdl>`` document as
+        :meth:`submit_jrdl`, anything else as SSS (:meth:`submit_sss`, whose reader names what is wrong)."""
+        from pilot.formats.jrdl import is_jrdl
+
+        text = document.decode("utf-8", "replace") if isinstance(document, bytes) else document
+        return self.submit_jrdl(text) if is_jrdl(text) else self.submit_sss(text)
+
     def _submit_document(self, key: str, document: str | bytes, **extra: Any) -> SubmittedJobs:
         text = document.decode("utf-8") if isinstance(document, bytes) else document
         jobs = SubmittedJobs()

@@ -50,7 +50,7 @@ def one_line(proc: subprocess.CompletedProcess[str]) -> str:
         (["run", "-n", "0"], {}, 2, "argument -n/--tasks: 0 must be at least 1"),
         (["run", "-n", "many"], {}, 2, "argument -n/--tasks: 'many' is not a whole number"),
         (["jobs", "--since", "yesterday"], {}, 2, "'yesterday' is not a time: give a span back from now"),
-        (["jobs", "--state", "DONE"], {}, 2, "'DONE' is not a job state; use one of NEW, QUEUED, ACTIVE"),
+        (["jobs", "--state", "DONE"], {}, 2, "'DONE' is not a job state; use one of NEW, QUEUED, STAGE_IN, ACTIVE"),
         (["jobs", "--limit", "0"], {}, 2, "argument --limit: 0 must be at least 1"),
         (["status", "--name", "a/b"], {}, 2, "'a/b' is not a pilot name"),
         (["status"], {"PILOT_NAME": "../x"}, 2, "PILOT_NAME='../x' is not a pilot name"),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pilot.cli import bulk
-from pilot.cli.common import add_target, duration_arg, fail, print_json, request, rundir_of, warn
+from pilot.cli.common import add_target, duration_arg, fail, print_json, request, rundir_of, running_info, warn
 from pilot.cli.jobs import positive_int
 
 #: How the core words the end of a job whose dependency can no longer be met (pilot.scheduler.dag):
@@ -105,7 +105,9 @@ def submit_cmd(args: argparse.Namespace) -> None:
 
 
 def _submit_document(args: argparse.Namespace) -> None:
-    from pilot import wire
+    """A job document (SSS or JRDL), through the client: one submit id for all its jobs, so a document
+    in flight when its daemon dies is sent again to the next one (or withdrawn), never made twice."""
+    import client as psij
 
     if len(args.words) != 1:
         fail(
@@ -119,38 +121,21 @@ def _submit_document(args: argparse.Namespace) -> None:
     except OSError as exc:
         fail(f"cannot read {path}: {exc.strerror or exc}", code=2)
     rundir = rundir_of(args)
-    reply = request(rundir, wire.Kind.SUBMIT, {"jobs": [_document_entry(document.decode("utf-8", "replace"))]})
-    result = (reply.get("results") or [{}])[0]
-    if "error" in result:
-        fail(f"{path}: {result['error']}", code=2)
-    for w in result.get("warnings", []):
-        warn("submit", str(w))
-    ids = [str(i) for i in result.get("ids", [])]
-    if args.json and not args.wait:
-        print_json({"ids": ids})
-    elif not args.json:
-        print(" ".join(ids), flush=True)
-    if args.wait:
-        import client as psij
-
-        with psij.JobExecutor.get_instance("pilot", url=str(rundir.path)) as ex:
-            jobs = []
-            for native_id in ids:
-                job = psij.Job()
-                ex.attach(job, native_id)
-                jobs.append(job)
-            _wait(args, jobs, run=None)
-
-
-def _document_entry(text: str) -> dict[str, Any]:
-    """What SUBMIT carries for a document: a ``<jrdl>`` one with the submitter's HOME, LOGNAME and
-    CUR_DIRL (its Table 1 names), anything else as SSS (whose reader names what is wrong with it)."""
-    from client.job_executor import jrdl_submitter
-    from pilot.formats.jrdl import is_jrdl
-
-    if is_jrdl(text):
-        return {"jrdl": text, "submitter": jrdl_submitter()}
-    return {"sss": text}
+    running_info(rundir)  # no pilot: say so, and how to start one
+    with psij.JobExecutor.get_instance("pilot", url=str(rundir.path)) as ex:
+        try:
+            jobs = ex.submit_document(document)
+        except psij.InvalidJobException as exc:
+            fail(f"{path}: {exc}", code=2)
+        for w in jobs.warnings:
+            warn("submit", w)
+        ids = [str(job.native_id) for job in jobs]
+        if args.json and not args.wait:
+            print_json({"ids": ids})
+        elif not args.json:
+            print(" ".join(ids), flush=True)
+        if args.wait:
+            _wait(args, list(jobs), run=None)
 
 
 # -- commands -------------------------------------------------------------------------------------------
