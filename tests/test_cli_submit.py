@@ -126,7 +126,7 @@ def test_wait_does_not_count_a_job_skipped_for_its_dependency(pilot: Any) -> Non
         (["--array", "1-3"], "give the command after --"),
         (["--env", "NOVALUE", "--", "x"], "argument --env: 'NOVALUE': give NAME=VALUE"),
         (["--memory", "lots", "--", "x"], "argument --memory: 'lots' is not a size"),
-        (["--gpus", "-1", "--", "x"], "argument --gpus: -1 must not be negative"),
+        (["--gpus", "-1", "--", "x"], "argument --gpus: -1 must be at least 0"),
         (["--each-line", "/nonexistent", "--", "x"], "--each-line /nonexistent: cannot read it"),
         (["--from-json", "BAD", "--", "x"], "--from-json takes its commands from the file"),
         (["a.xml", "b.xml"], "give one job document"),

@@ -65,6 +65,25 @@ def pilot_name(args: argparse.Namespace, *, config: Path | None = None) -> tuple
     return cfg.pilot.name, f"pilot.name in {cfg.source}"
 
 
+def whole_number(text: str, *, minimum: int) -> int:
+    """An option's whole number, at least ``minimum``, or argparse's error saying what to give."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < minimum:
+        raise argparse.ArgumentTypeError(f"{text} must be at least {minimum}")
+    return n
+
+
+def positive_int(text: str) -> int:
+    return whole_number(text, minimum=1)
+
+
+def non_negative_int(text: str) -> int:
+    return whole_number(text, minimum=0)
+
+
 def duration_arg(text: str) -> float:
     """Seconds from '90', '90s', '10m', '2h' or 'HH:MM:SS', for --duration."""
     try:

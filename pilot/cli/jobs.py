@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pilot.cli.common import add_target, clock, fail, local, print_json, request, rundir_of, table
+from pilot.cli.common import add_target, clock, fail, local, positive_int, print_json, request, rundir_of, table
 from pilot.model.job_state import JobState
 
 _STATES = [s.value for s in JobState]
@@ -86,16 +86,6 @@ def add_filters(p: argparse.ArgumentParser) -> None:
         help="only jobs submitted since: a span back from now (90s, 10m, 2h, 1d), a time today (09:30), "
         "or a date and time (2026-11-26T09:30)",
     )
-
-
-def positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
-    return n
 
 
 def states_arg(text: str) -> list[str]:

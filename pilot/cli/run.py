@@ -18,8 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from pilot.cli.common import add_target, duration_arg, fail, pilot_name, rundir_of
-from pilot.cli.jobs import positive_int
+from pilot.cli.common import add_target, duration_arg, fail, pilot_name, positive_int, rundir_of
 from pilot.model.job_description import RUN_TAG
 
 

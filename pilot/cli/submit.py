@@ -14,8 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from pilot.cli import bulk
-from pilot.cli.common import add_target, duration_arg, fail, print_json, request, rundir_of, running_info, warn
-from pilot.cli.jobs import positive_int
+from pilot.cli.common import (
+    add_target,
+    duration_arg,
+    fail,
+    non_negative_int,
+    positive_int,
+    print_json,
+    request,
+    rundir_of,
+    running_info,
+    warn,
+)
 
 #: How the core words the end of a job whose dependency can no longer be met (pilot.scheduler.dag):
 #: skipped, not failed.
@@ -42,7 +52,7 @@ def add_parsers(sub: Any) -> None:
     sb.add_argument("--job-name", help="the jobs' name (default: the executable)")
     sb.add_argument("--processes", type=positive_int, help="processes per job (default 1)")
     sb.add_argument("--cores", type=positive_int, help="cores per process (default 1)")
-    sb.add_argument("--gpus", type=_count, help="GPUs per process (default 0)")
+    sb.add_argument("--gpus", type=non_negative_int, help="GPUs per process (default 0)")
     sb.add_argument("--memory", type=_size, help="memory per job: bytes, 512M, 8G")
     sb.add_argument("--duration", type=duration_arg, help="walltime per job: 90, 10m, HH:MM:SS (default 10m)")
     sb.add_argument("--directory", help="working directory (default: this one)")
@@ -65,16 +75,6 @@ def add_parsers(sub: Any) -> None:
     rs.add_argument("--wait", action="store_true", help="wait until every job has ended; exit 1 if any failed")
     rs.add_argument("--json", action="store_true", help="the new run and its ids (and with --wait the ends)")
     rs.set_defaults(func=resubmit_cmd)
-
-
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{text} must not be negative")
-    return n
 
 
 def _size(text: str) -> int:
