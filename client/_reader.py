@@ -10,10 +10,12 @@ reader through the self-pipe (``_wake``).
 Losing the daemon, and getting it back (a new daemon on the same run directory):
 
 - A socket serves one connection only and is watched by its monitor (``client/_link.py``). At its first
-  disconnect the I/O thread closes it, which drops whatever ZeroMQ still held for it. A request already
-  handed to that socket fails at once (``SubmitException``, transient) saying that it may or may not
-  have been carried out. It is never sent again: a submit that got no reply must not create a second
-  job behind the caller's back. A request not sent yet waits, within its timeout, for the next
+  disconnect the I/O thread closes it, which drops whatever ZeroMQ still held for it. A submit already
+  handed to that socket carries submit ids (every job, every document): it is sent again on the next
+  connection, where the pilot answers for a submit id it knows with what that id made, so nothing is
+  made twice (``client/_requests.py``). Any other request already handed to it fails at once
+  (``SubmitException``, transient) saying that it may or may not have been carried out (a cancel, an
+  attach: asking again is safe). A request not sent yet waits, within its timeout, for the next
   connection.
 - While disconnected, the I/O thread reads the run directory's ``pilot.json``. When it names no live
   daemon, waiting requests fail at once (transient, "not sent") and so do new ones, instead of waiting

@@ -377,9 +377,9 @@ class RequestTable:
             return self._timeout_message(p.kind, timeout, sent=sent)
         where = "its daemon is not running" if self.rundir is not None else "no connection to it was up"
         said = f"the pilot at {self.url} did not answer within {timeout:g} s (request_timeout), and {where}"
-        if p.submit_ids is None:
+        if p.submit_ids is None:  # only a hand-made SUBMIT: the client gives every job and document one
             return (
-                f"{said}; a document carries no submit id, so whether its jobs were accepted is not known: "
+                f"{said}; the submit carried no submit ids, so whether its jobs were accepted is not known: "
                 "check list() before submitting it again"
             )
         return f"{said}; {self._withdrawn(None)}"
@@ -399,9 +399,9 @@ class RequestTable:
         return f"the pilot at {self.url} did not answer within {timeout:g} s (request_timeout); {outcome}"
 
     def _lost_message(self, kind: str) -> str:
-        if kind == wire.Kind.SUBMIT:  # a document's: a PSI/J job's has submit ids, and is sent again
+        if kind == wire.Kind.SUBMIT:  # a hand-made one: the client's carry submit ids, and are sent again
             outcome = (
-                "a document carries no submit id, so whether its jobs were accepted is not known: check "
+                "the submit carried no submit ids, so whether its jobs were accepted is not known: check "
                 "list() before submitting it again (it is not resent, so that it cannot run twice)"
             )
         else:

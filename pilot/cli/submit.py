@@ -285,11 +285,7 @@ def resubmit_cmd(args: argparse.Namespace) -> None:
         warn("resubmit", f"job(s) {' '.join(documents)} came as a document: submit the document again")
     if not descriptions:
         return
-    results = request(rundir, wire.Kind.SUBMIT, {"jobs": descriptions}, timeout=60.0).get("results", [])
-    ids = [str(r["id"]) for r in results if "id" in r]
-    for r in results:
-        if "error" in r:
-            warn("resubmit", f"not submitted again: {r['error']}")
+    ids = _submit_descriptions(rundir, descriptions)
     if args.json and not args.wait:
         print_json({"run": run, "ids": ids, "from": args.failed})
     elif not args.json:
@@ -306,3 +302,25 @@ def resubmit_cmd(args: argparse.Namespace) -> None:
             _wait(args, jobs, run=run)
     if len(ids) < len(descriptions):
         raise SystemExit(1)
+
+
+def _submit_descriptions(rundir: Any, descriptions: list[dict[str, Any]]) -> list[str]:
+    """Submit job descriptions (wire form) through the client's batch path: each under a submit id, so a
+    batch in flight when its daemon dies is sent again to the next one (or withdrawn), never made twice.
+    Returns the ids made; says why for each one refused."""
+    import client as psij
+
+    made: dict[int, str] = {}
+
+    def on_id(k: int, native_id: str) -> Any:
+        made[k] = native_id
+        return lambda _status: None  # the statuses are not followed here (--wait attaches)
+
+    def on_outcome(k: int, outcome: Any) -> None:
+        if isinstance(outcome, Exception):
+            made.pop(k, None)
+            warn("resubmit", f"not submitted again: {outcome}")
+
+    with psij.JobExecutor.get_instance("pilot", url=str(rundir.path)) as ex:
+        ex._backend.submit_many(descriptions, on_id, on_outcome)
+    return [made[k] for k in sorted(made)]
