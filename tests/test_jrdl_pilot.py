@@ -424,3 +424,43 @@ def test_every_destination_receives_every_process_stream(pilot: Pilot, work: Pat
     assert sorted((work / f"id-{job_id}.out").read_text().splitlines()) == expected
     errs = sorted(f"err {work}/fan {rank}" for rank in range(3))
     assert sorted((work / "e1").read_text().splitlines()) == sorted((work / "e2").read_text().splitlines()) == errs
+
+
+def test_files_staged_in_linked_staged_out_and_cleaned_up(pilot: Pilot, work: Path) -> None:
+    """fileStageIn, fileStageOut and fileCleanUp through the staging every language shares: the input is
+    a symbolic link in the job's directory (the spec: "a symbolic link from the cache to the local file"),
+    the output is copied to its URL after the job, the cleaned-up path is gone."""
+    source = work / "input.dat"
+    source.write_text("staged in\n")
+    script = work / "use.sh"
+    script.write_text(
+        "#!/bin/sh\n[ -L in.dat ] && echo link > kind.txt\ncat in.dat > result.txt\necho scratch > scratch.txt\n"
+    )
+    script.chmod(0o755)
+    jobdir = work / "jobdir"
+    jobdir.mkdir()
+    target = work / "out" / "result.txt"
+    target.parent.mkdir()
+    [job_id] = submit(
+        pilot,
+        work / "staging.jrdl",
+        f"""
+        <jrdl>
+          <job>
+            {path("executable", str(script))}
+            {path("directory", str(jobdir))}
+            <fileStageIn><fileInputArray><fileInput>
+              <url><urlElement value="file://{source}"/></url><path>{s("in.dat")}</path>
+            </fileInput></fileInputArray></fileStageIn>
+            <fileStageOut><fileOutputArray><fileOutput>
+              <path>{s("result.txt")}</path><url><urlElement value="file://{target}"/></url>
+            </fileOutput></fileOutputArray></fileStageOut>
+            {paths("fileCleanUp", "scratch.txt")}
+          </job>
+        </jrdl>
+        """,
+    )
+    assert final(pilot, job_id).findtext("State") == "Completed"
+    assert target.read_text() == "staged in\n"
+    assert (jobdir / "kind.txt").read_text() == "link\n"
+    assert not (jobdir / "scratch.txt").exists()

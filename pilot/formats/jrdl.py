@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from pilot.formats import xml
 from pilot.formats.xml import Node, XmlElement
@@ -49,9 +49,6 @@ HOST_NAMES: Final = ("GLOBUS_HOST_CPUTYPE", "GLOBUS_HOST_MANUFACTURER", "GLOBUS_
 JOBID_VALUE: Final = "${PILOT_JOB_ID}"
 
 _NOT_YET: Final = {
-    "fileStageIn": "file staging is not supported yet; copy the files where the job reads them, or leave it out",
-    "fileStageOut": "file staging is not supported yet; copy the files from the job's directory, or leave it out",
-    "fileCleanUp": "file clean-up is not supported yet; remove the files in the job itself, or leave it out",
     "resourceManagerContact": "co-allocation across sites is not supported yet; leave it out and the pilot "
     "places the job on its own nodes",
     "jobManagerType": "co-allocation across sites is not supported yet; leave it out and the pilot places the "
@@ -133,6 +130,9 @@ class JrdlJob:
     start_before: float | None = None  # seconds after submission
     duration: float | None = None  # seconds of walltime
     where: str = "<job>"
+    stage_in: tuple[tuple[str, str], ...] = ()  # (url, path): fileStageIn, into the cache and linked
+    stage_out: tuple[tuple[str, str], ...] = ()  # (path, url): fileStageOut
+    clean_up: tuple[str, ...] = ()  # fileCleanUp
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,10 +266,53 @@ def _many(el: XmlElement, tag: str) -> list[XmlElement]:
 def _local_path(value: str, el: XmlElement) -> str:
     if _REMOTE.match(value):
         raise _err(
-            f"{value!r} is a remote URL, which needs file staging (not supported yet); give a path on the nodes",
+            f"{value!r} is a remote URL; give a path on the nodes (<fileStageIn> brings a file there first)",
             el,
         )
     return value
+
+
+def _url(el: XmlElement, scope: _Scope) -> str:
+    """A url: its urlElement and substitutionRef children, concatenated in order."""
+    parts: list[str] = []
+    for child in el.children:
+        tag = _local(child.tag)
+        if tag == "urlElement":
+            _only_attrs(child, "value")
+            parts.append(_attr(child, "value"))
+        elif tag == "substitutionRef":
+            _only_attrs(child, "name")
+            parts.append(scope.resolve(_attr(child, "name"), child))
+        else:
+            raise _err(f"holds <{tag}> (line {child.line}); a url is made of urlElement and substitutionRef", el)
+    if el.text.strip():
+        raise _err(f'holds text {el.text.strip()!r}; write it as <urlElement value="..."/>', el)
+    if not parts:
+        raise _err('is empty: give a <urlElement value="..."/>', el)
+    return "".join(parts)
+
+
+def _url_and_path(el: XmlElement, scope: _Scope) -> tuple[str, str]:
+    """A fileInput's or fileOutput's (url, path), each given once."""
+    kids = {_local(c.tag): c for c in _many_of(el, ("url", "path"))}
+    if set(kids) != {"url", "path"}:
+        raise _err("needs both a <url> and a <path>", el)
+    return _url(kids["url"], scope), _string(kids["path"], scope)
+
+
+def _staging(kids: dict[str, XmlElement], scope: _Scope) -> dict[str, Any]:
+    """fileStageIn, fileStageOut and fileCleanUp of a job (JrdlJob fields)."""
+    out: dict[str, Any] = {}
+    if (i := kids.get("fileStageIn")) is not None:
+        items = _many(_one(i, "fileInputArray"), "fileInput")
+        out["stage_in"] = tuple(_url_and_path(f, scope) for f in items)
+    if (o := kids.get("fileStageOut")) is not None:
+        items = _many(_one(o, "fileOutputArray"), "fileOutput")
+        out["stage_out"] = tuple((path, url) for url, path in (_url_and_path(f, scope) for f in items))
+    if (c := kids.get("fileCleanUp")) is not None:
+        array = _one(c, "pathArray")
+        out["clean_up"] = tuple(_string(p, scope) for p in _many(array, "path"))
+    return out
 
 
 def _path(el: XmlElement, scope: _Scope) -> str:
@@ -365,7 +408,17 @@ _EXECUTABLE_TAGS: Final = (
     "jobType",
     "count",
 )
-_JOB_TAGS: Final = (*_EXECUTABLE_TAGS, "jobStartTime", "jobStartBefore", "jobDuration", "subjob", "resource")
+_JOB_TAGS: Final = (
+    *_EXECUTABLE_TAGS,
+    "jobStartTime",
+    "jobStartBefore",
+    "jobDuration",
+    "subjob",
+    "resource",
+    "fileStageIn",
+    "fileStageOut",
+    "fileCleanUp",
+)
 _SUBJOB_TAGS: Final = _EXECUTABLE_TAGS
 _RESOURCE_TAGS: Final = (
     "count",
@@ -533,7 +586,7 @@ def _job(el: XmlElement, index: int, scope: _Scope) -> JrdlJob:
         start_before = duration_seconds(_text(b), b)
     duration = duration_seconds(_text(d), d) if (d := kids.get("jobDuration")) is not None else None
     resource = _resource(r, scope) if (r := kids.get("resource")) is not None else Resource()
-    return JrdlJob(attrs, tuple(subjobs), resource, start_time, start_before, duration, where)
+    return JrdlJob(attrs, tuple(subjobs), resource, start_time, start_before, duration, where, **_staging(kids, scope))
 
 
 def is_jrdl(data: str | bytes) -> bool:
@@ -649,7 +702,24 @@ def write_jrdl(job: JrdlJob) -> str:
         res.append(Node("schedulingPlugin", children=[_s("string", r.scheduling_plugin)]))
     if res:
         nodes.append(Node("resource", children=res))
+    nodes += _staging_nodes(job)
     return xml.write(Node("jrdl", children=[Node("job", children=nodes)]))
+
+
+def _staging_nodes(job: JrdlJob) -> list[Node]:
+    def url(value: str) -> Node:
+        return Node("url", children=[Node("urlElement", (("value", value),))])
+
+    out: list[Node] = []
+    if job.stage_in:
+        inputs = [Node("fileInput", children=[url(u), _s("path", p)]) for u, p in job.stage_in]
+        out.append(Node("fileStageIn", children=[Node("fileInputArray", children=inputs)]))
+    if job.stage_out:
+        outputs = [Node("fileOutput", children=[_s("path", p), url(u)]) for p, u in job.stage_out]
+        out.append(Node("fileStageOut", children=[Node("fileOutputArray", children=outputs)]))
+    if job.clean_up:
+        out.append(_pa("fileCleanUp", job.clean_up))
+    return out
 
 
 __all__ = [

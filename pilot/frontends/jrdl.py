@@ -37,6 +37,7 @@ from pilot.launchers.base import GroupLaunch, TaskLaunch
 from pilot.model.job_description import DescriptionError, JobDescription
 from pilot.model.sss.errors import SssError
 from pilot.model.sss.job import Job, Properties, Property, TaskGroup
+from pilot.model.staging import Staging, StagingError
 from pilot.request import Request, Submission
 from pilot.scheduler.cluster import Cluster
 
@@ -246,7 +247,33 @@ def prepare(job: JrdlJob, cluster: Cluster) -> Request:
         )
     request.not_before = job.start_time
     request.start_within = job.start_before
+    if job.stage_in or job.stage_out or job.clean_up:
+        request.staging = staging(job)
+        request.description = dataclasses.replace(request.description, staging=request.staging)
     return request
+
+
+#: Where staging's messages name a directive, in the document's words.
+_STAGING_WORDS: Final = (("stage_in", "<fileStageIn>"), ("stage_out", "<fileStageOut>"), ("cleanup", "<fileCleanUp>"))
+
+
+def staging(job: JrdlJob) -> Staging:
+    """fileStageIn (into the node's cache where the scheme has one, and a symbolic link from there to the
+    path, as the spec says), fileStageOut (copied after the job, whatever its outcome) and fileCleanUp,
+    through the staging every language shares; a scheme no transfer module takes is refused, naming the
+    ones that are."""
+    raw = {
+        "stage_in": [[url, path, "link"] for url, path in job.stage_in],
+        "stage_out": [[path, url, "copy"] for path, url in job.stage_out],
+        "cleanup": list(job.clean_up),
+    }
+    try:
+        return Staging.from_wire(raw, where="JRDL")
+    except StagingError as exc:
+        message = str(exc)
+        for field, element in _STAGING_WORDS:
+            message = message.replace(f"JRDL.{field}", element)
+        raise JrdlError(message, element=job.where) from None
 
 
 def _retold(text: str, job: JrdlJob, parts: list[tuple[Executable, int]]) -> str:

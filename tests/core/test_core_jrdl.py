@@ -101,7 +101,7 @@ REFUSED = [
     ),
     (
         doc(job(f"<stdin><path>{s('gsiftp://ip/path/file')}</path></stdin>")),
-        "'gsiftp://ip/path/file' is a remote URL, which needs file staging (not supported yet)",
+        "'gsiftp://ip/path/file' is a remote URL; give a path on the nodes (<fileStageIn> brings a file there first)",
     ),
     (
         doc(job("<jobStartTime>2004-10-21T01:10:00Z</jobStartTime><jobStartBefore>PT10H3M</jobStartBefore>")),
@@ -111,9 +111,38 @@ REFUSED = [
     (doc(job("<jobStartTime>tomorrow</jobStartTime>")), "'tomorrow' is not a dateTime"),
     (doc(job("<jobDuration>P1M</jobDuration>")), "counts years or months, which have no fixed length"),
     (doc(job("<jobDuration>10 hours</jobDuration>")), "'10 hours' is not an ISO 8601 duration"),
-    (doc(job("<fileStageIn/>")), "<fileStageIn>: file staging is not supported yet"),
-    (doc(job("<fileStageOut/>")), "<fileStageOut>: file staging is not supported yet"),
-    (doc(job("<fileCleanUp/>")), "<fileCleanUp>: file clean-up is not supported yet"),
+    (doc(job("<fileStageIn/>")), "<fileStageIn>: takes exactly one <fileInputArray>, not 0"),
+    (doc(job("<fileStageOut/>")), "<fileStageOut>: takes exactly one <fileOutputArray>, not 0"),
+    (doc(job("<fileCleanUp/>")), "<fileCleanUp>: takes exactly one <pathArray>, not 0"),
+    (
+        doc(
+            job(
+                '<fileStageIn><fileInputArray><fileInput><url><urlElement value="gsiftp://ip/f"/></url>'
+                f"<path>{s('f')}</path></fileInput></fileInputArray></fileStageIn>"
+            )
+        ),
+        "<fileStageIn>: 'gsiftp://ip/f' uses the URL scheme 'gsiftp', which this pilot cannot transfer; use one of "
+        "file, http, https",
+    ),
+    (
+        doc(
+            job(
+                "<fileStageOut><fileOutputArray><fileOutput>"
+                f'<path>{s("../out")}</path><url><urlElement value="/tmp/x"/></url>'
+                "</fileOutput></fileOutputArray></fileStageOut>"
+            )
+        ),
+        "<fileStageOut>: '../out' leaves the job's directory",
+    ),
+    (
+        doc(
+            job(
+                f"<fileStageIn><fileInputArray><fileInput><path>{s('f')}</path></fileInput>"
+                "</fileInputArray></fileStageIn>"
+            )
+        ),
+        "<fileInput>: needs both a <url> and a <path>",
+    ),
     (doc(job("<subjob><resourceManagerContact/></subjob>")), "co-allocation across sites is not supported yet"),
     (doc(job("<subjob><jobManagerType/></subjob>")), "co-allocation across sites is not supported yet"),
     (
