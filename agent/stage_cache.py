@@ -2,7 +2,9 @@
 linked into each task's directory (JRDL's fileStageIn: "staged into the cache; a symbolic link from the
 cache to the local file").
 
-An entry is keyed by the source URL and kept for the agent's life. Entries are read-only: a task that
+An entry is keyed by the source URL (a ``file`` source copied in: also by the file's identity and
+version, so a file changed since is read again, and each task then gets a local copy of the entry) and
+kept for the agent's life. Entries are read-only: a task that
 wants to change its copy writes a new file (writing through the link fails, never the next task's
 input). Concurrent stage-ins of one source wait for the one fetch under way; a failed fetch is not kept,
 so a later task tries again.

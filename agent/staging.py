@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ import structlog
 
 from agent.stage_cache import StageCache
 from agent.transfers import TRANSFERS, TransferError
+from agent.transfers.file import local_path, place
 from pilot.model.process_order import ProcessOrder
 from pilot.model.staging import REMOVE, Step, url_parts
 from pilot.wire.messages import ProcessRef, TaskEvent
@@ -146,8 +148,17 @@ class Stager:
             ) from None
 
     def _stage_in(self, step: Step, target: Path, counts: dict[str, int]) -> None:
-        transfer = TRANSFERS[url_parts(step.source)[0]]
+        scheme = url_parts(step.source)[0]
+        transfer = TRANSFERS[scheme]
         target.parent.mkdir(parents=True, exist_ok=True)
+        if scheme == "file" and step.action == "copy":
+            key = _file_version(step.source)
+            if key is not None:  # a regular file: read from its filesystem once per node, copied locally
+                cached, hit = self.cache.get(key, lambda path: transfer.fetch(step.source, path, mode="copy"))
+                counts["cache_hits" if hit else "transfers"] += 1
+                place(cached, target, mode="copy")
+                os.chmod(target, 0o644)  # the task's own copy, writable (the cache entry is read-only)
+                return
         if not transfer.cached:
             transfer.fetch(step.source, target, mode=step.action)
             counts["transfers"] += 1
@@ -161,6 +172,18 @@ class Stager:
 
 class _StepFailed(Exception):
     """A step's failure, its message naming the file, the node and the cause."""
+
+
+def _file_version(url: str) -> str | None:
+    """A ``file`` source's cache key: the URL and the file's identity and version (a file changed or
+    replaced since is a new entry); None for what is not a regular file (a directory is copied whole)."""
+    try:
+        st = os.stat(local_path(url))
+    except (OSError, TransferError):
+        return None  # the copy itself reports what is wrong with it
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return f"{url}#{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def _remove(path: Path) -> None:

@@ -260,6 +260,42 @@ def test_three_nodes_each_task_stages_on_its_own_node_through_one_cache_per_node
     assert fetched == 3 and hits == 21, (fetched, hits)
 
 
+def test_a_shared_file_copied_in_by_many_tasks_is_read_once_per_node_and_each_task_gets_its_own_copy(
+    start_pilot: Callable[..., Pilot], tmp_path: Path
+) -> None:
+    """A file:// source staged in COPY by many tasks (a file on a shared filesystem) is read once per node
+    into its cache; each task then gets a local, writable copy of its own. A source changed since is a new
+    entry (read again)."""
+    shared = tmp_path / "shared" / "table.dat"
+    shared.parent.mkdir()
+    shared.write_bytes(b"x" * 100_000)
+    pilot = start_pilot()
+    ex = pilot.executor()
+
+    def stage(n: int) -> tuple[int, int]:
+        hits = transfers = 0
+        for i in range(n):
+            work = tmp_path / f"w{n}-{i}"
+            work.mkdir()
+            spec = psij.JobSpec(
+                "/bin/sh",
+                ["-c", "test ! -L table.dat && echo mine >> table.dat && wc -c < table.dat > size"],
+                directory=work,
+                stage_in={StageIn(shared, "table.dat", StagingMode.COPY)},
+            )
+            _, status, _ = run(ex, spec)
+            assert status.state is psij.JobState.COMPLETED, status
+            assert (work / "size").read_text().strip() == "100005"  # its own copy, written to
+            hits += (status.metadata or {})["stage_in_cache_hits"]
+            transfers += (status.metadata or {})["stage_in_transfers"]
+        return transfers, hits
+
+    assert stage(5) == (1, 4)
+    assert shared.read_bytes() == b"x" * 100_000  # no task wrote through to the source or the cache
+    shared.write_bytes(b"y" * 100_000)  # changed: a new version, read once again
+    assert stage(2) == (1, 1)
+
+
 RESTART = """
 [pilot]
 heartbeat_interval = 0.5
