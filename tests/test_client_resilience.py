@@ -101,11 +101,11 @@ class Restartable:
                     pass
             wait_for(lambda: all(gone(proc) for proc in children), what="the agents and tasks to die")
 
-    def die_with_requests_in_flight(
+    def kill_with_requests_in_flight(
         self, ex: psij.JobExecutor, call: Callable[[], object], *, in_flight: int
-    ) -> list[BaseException]:
+    ) -> tuple[threading.Thread, list[BaseException]]:
         """Run ``call`` (a submit) in a thread while the daemon is stopped, so its ``in_flight`` requests are
-        sent and unanswered; then SIGKILL the daemon. The call must end (not hang); what it raised."""
+        sent and unanswered; then SIGKILL the daemon. The thread (still waiting) and what it raises."""
         daemon = psutil.Process(self.pilot.pid)
         daemon.suspend()  # reads nothing: the requests are in flight, unanswered, when the daemon dies
         errors: list[BaseException] = []
@@ -119,6 +119,14 @@ class Restartable:
                 daemon.resume()
             except psutil.NoSuchProcess:
                 pass
+        return t, errors
+
+    def die_with_requests_in_flight(
+        self, ex: psij.JobExecutor, call: Callable[[], object], *, in_flight: int
+    ) -> list[BaseException]:
+        """:meth:`kill_with_requests_in_flight`, no daemon coming back: the call must end (not hang);
+        what it raised."""
+        t, errors = self.kill_with_requests_in_flight(ex, call, in_flight=in_flight)
         t.join(30)
         assert not t.is_alive(), "the in-flight submit hangs"
         return errors
@@ -226,28 +234,8 @@ def test_submit_in_flight_when_the_daemon_dies_is_answered_by_the_next_daemon_an
     ex = r.executor(request_timeout=60)
     agents_active(ex, 1)
     out = tmp_path / "out"
-    daemon = psutil.Process(r.pilot.pid)
-    daemon.suspend()  # reads nothing: the submit is in flight, unanswered, when the daemon dies
     job = psij.Job(sh(f"echo once >> {out}"))
-    errors: list[BaseException] = []
-
-    def submit() -> None:
-        try:
-            ex.submit(job)
-        except BaseException as exc:  # recorded for the asserts
-            errors.append(exc)
-
-    t = threading.Thread(target=submit)
-    t.start()
-    try:
-        conn = ex._backend.connection
-        wait_for(lambda: conn.in_flight() == 1, what="the submit to be sent")
-        r.kill_daemon()
-    finally:
-        try:
-            daemon.resume()
-        except psutil.NoSuchProcess:
-            pass
+    t, errors = r.kill_with_requests_in_flight(ex, lambda: ex.submit(job), in_flight=1)
     r.up_again()
     t.join(60)
     assert not t.is_alive() and not errors, errors
@@ -300,19 +288,11 @@ def test_a_document_in_flight_when_the_daemon_dies_is_answered_by_the_next_daemo
     agents_active(ex, 1)
     out = tmp_path / "out"
     made: list[list[psij.Job]] = []
-    daemon = psutil.Process(r.pilot.pid)
-    daemon.suspend()
-    errors: list[BaseException] = []
-    try:
-        t = in_a_thread(lambda: made.append(list(ex.submit_sss(appending_group(out)))), errors)
-        conn = ex._backend.connection
-        wait_for(lambda: conn.in_flight() == 1, what="the document to be sent")
-        r.kill_daemon()
-    finally:
-        try:
-            daemon.resume()
-        except psutil.NoSuchProcess:
-            pass
+
+    def submit() -> None:
+        made.append(list(ex.submit_sss(appending_group(out))))
+
+    t, errors = r.kill_with_requests_in_flight(ex, submit, in_flight=1)
     r.up_again()
     t.join(60)
     assert not t.is_alive() and not errors, errors

@@ -224,21 +224,26 @@ def _only_attrs(el: XmlElement, *allowed: str) -> None:
 
 def _string(el: XmlElement, scope: _Scope) -> str:
     """A string: its stringElement and substitutionRef children, concatenated in order."""
+    return _concatenated(el, scope, "stringElement", what="a string")
+
+
+def _concatenated(el: XmlElement, scope: _Scope, element: str, *, what: str) -> str:
+    """A value made of ``element`` (value=...) and substitutionRef children, concatenated in order."""
     parts: list[str] = []
     for child in el.children:
         tag = _local(child.tag)
-        if tag == "stringElement":
+        if tag == element:
             _only_attrs(child, "value")
             parts.append(_attr(child, "value"))
         elif tag == "substitutionRef":
             _only_attrs(child, "name")
             parts.append(scope.resolve(_attr(child, "name"), child))
         else:
-            raise _err(f"holds <{tag}> (line {child.line}); a string is made of stringElement and substitutionRef", el)
+            raise _err(f"holds <{tag}> (line {child.line}); {what} is made of {element} and substitutionRef", el)
     if el.text.strip():
-        raise _err(f'holds text {el.text.strip()!r}; write it as <stringElement value="..."/>', el)
+        raise _err(f'holds text {el.text.strip()!r}; write it as <{element} value="..."/>', el)
     if not parts:
-        raise _err('is empty: give a <stringElement value="..."/>', el)
+        raise _err(f'is empty: give a <{element} value="..."/>', el)
     return "".join(parts)
 
 
@@ -274,22 +279,7 @@ def _local_path(value: str, el: XmlElement) -> str:
 
 def _url(el: XmlElement, scope: _Scope) -> str:
     """A url: its urlElement and substitutionRef children, concatenated in order."""
-    parts: list[str] = []
-    for child in el.children:
-        tag = _local(child.tag)
-        if tag == "urlElement":
-            _only_attrs(child, "value")
-            parts.append(_attr(child, "value"))
-        elif tag == "substitutionRef":
-            _only_attrs(child, "name")
-            parts.append(scope.resolve(_attr(child, "name"), child))
-        else:
-            raise _err(f"holds <{tag}> (line {child.line}); a url is made of urlElement and substitutionRef", el)
-    if el.text.strip():
-        raise _err(f'holds text {el.text.strip()!r}; write it as <urlElement value="..."/>', el)
-    if not parts:
-        raise _err('is empty: give a <urlElement value="..."/>', el)
-    return "".join(parts)
+    return _concatenated(el, scope, "urlElement", what="a url")
 
 
 def _url_and_path(el: XmlElement, scope: _Scope) -> tuple[str, str]:
