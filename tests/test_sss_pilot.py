@@ -569,8 +569,13 @@ def test_show_has_each_tasks_process_and_exit_code_and_each_groups_delivered(pil
     script = work / "pid.sh"
     script.write_text(
         '#!/bin/sh\necho $$ > "$1.$PILOT_TASK_GROUP.$PILOT_TASK_ID"\n'
-        # the failing task ends last: a failed task's job stops the others, whose exit codes would differ
-        '[ "$PILOT_TASK_GROUP" = 1 ] && sleep 1\nexit $((PILOT_TASK_GROUP * 3))\n'
+        # The failing task ends last, once the other two have exited (a failed task's job stops the others,
+        # whose exit codes would then differ): it waits for their pid files, then for their processes.
+        'if [ "$PILOT_TASK_GROUP" = 1 ]; then\n'
+        '  while [ ! -s "$1.0.0" ] || [ ! -s "$1.0.1" ]; do sleep 0.02; done\n'
+        '  for f in "$1.0.0" "$1.0.1"; do while kill -0 "$(cat "$f")" 2>/dev/null; do sleep 0.02; done; done\n'
+        "fi\n"
+        "exit $((PILOT_TASK_GROUP * 3))\n"
     )
     script.chmod(0o755)
     [job_id] = submit(

@@ -5,6 +5,8 @@ until it has (reservation of the head job), so a large job is never starved by s
 
 from __future__ import annotations
 
+from itertools import islice
+
 from pilot.allocations import site_fields
 from pilot.core.lifecycle import Lifecycle
 from pilot.core.state import CoreState, Part
@@ -38,7 +40,8 @@ class Scheduler(Part):
         reserve_after = self.config.pilot.reserve_after
         # With priorities in use: orders already waiting behind busy cores, and the highest priority sent
         # behind them (or left waiting in the queue) by this pass -- lower ones ahead of it are asked back.
-        earlier = list(self.book.behind) if queue.prioritized else None
+        # (A pass only adds to ``behind``, at its end: the first ``earlier`` entries are those from before.)
+        earlier = len(self.book.behind) if queue.prioritized else 0
         top: int | None = None
         left: int | None = None  # the highest priority left waiting in the queue by this pass
         for category, _ in queue.heads():
@@ -81,7 +84,7 @@ class Scheduler(Part):
             if self.reserved is not None:
                 break
         if earlier and top is not None:
-            self.lifecycle.yield_to(top, among=earlier)
+            self.lifecycle.yield_to(top, among=list(islice(self.book.behind, earlier)))
 
     def _never_starts(self, job: JobRecord, *, now: float) -> None:
         """It cannot finish before any allocation ends, and no later allocation will come."""
