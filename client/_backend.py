@@ -51,16 +51,16 @@ SUBMIT_FIRST = 16
 SUBMIT_WINDOW = 4
 
 
-#: Environment variable that makes executors pipelined unless they are told otherwise (tools built on
-#: psij-python cannot pass the keyword): 1/true/yes or 0/false/no.
+#: Environment variable that says whether executors are pipelined unless they are told otherwise (tools
+#: built on psij-python cannot pass the keyword): 1/true/yes (the default) or 0/false/no.
 ENV_PIPELINED = "PILOT_PIPELINED"
-_YES = ("1", "true", "yes", "on")
-_NO = ("", "0", "false", "no", "off")
+_YES = ("", "1", "true", "yes", "on")
+_NO = ("0", "false", "no", "off")
 
 
 def pipelined_choice(explicit: bool | None, config: object) -> bool:
     """Whether an executor submits pipelined: the keyword if given, else the config's ``pipelined``
-    attribute, else ``PILOT_PIPELINED``, else no."""
+    attribute, else ``PILOT_PIPELINED``, else yes: the fast path is the default."""
     choice: object = explicit
     if choice is None:
         choice = getattr(config, "pipelined", None)
@@ -94,11 +94,7 @@ class Backend:
         self._closed = False
         self.submit_ids = SubmitIds()  # every job's submit id
         #: Pipelined submits (see ``client/_pipeline.py``), or None: each submit waits for its answer.
-        self.pipeline = (
-            Pipeline(lambda: self.connection, request_timeout=self.request_timeout, submit_ids=self.submit_ids)
-            if pipelined
-            else None
-        )
+        self.pipeline = Pipeline(lambda: self.connection, request_timeout=self.request_timeout) if pipelined else None
 
     @property
     def connection(self) -> Connection:

@@ -106,6 +106,15 @@ class Connection(Reader):
         self._enqueue(rid, pending)
         return self.wait((rid, pending), timeout=timeout)
 
+    def ask(self, kind: str, body: dict[str, Any], *, on_reply: OnReply, on_lost: OnLost, timeout: float) -> None:
+        """Send one request and return at once: its reply goes to ``on_reply``, or why it was given up
+        (no answer within ``timeout`` seconds, the connection lost or closed) to ``on_lost``, both on the
+        I/O thread. Raises a transient SubmitException when it cannot be queued."""
+        self._check_open()
+        rid = next(self._rids)
+        pending = Pending(kind, wire.encode(kind, {**body, "rid": rid}), on_reply, on_lost=on_lost, timeout=timeout)
+        self._enqueue(rid, pending)
+
     def submit(
         self,
         jobs: list[dict[str, Any]],
@@ -144,6 +153,10 @@ class Connection(Reader):
             return rid, pending
         self._enqueue(rid, pending)
         return rid, pending
+
+    def check_open(self) -> None:
+        """Raise a transient SubmitException if a request could not be sent now (closed, or the pilot gone)."""
+        self._check_open()
 
     def _check_open(self) -> None:
         if self._closed:

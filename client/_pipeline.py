@@ -34,8 +34,9 @@ from typing import Any, Final
 
 from client._connection import Connection
 from client._delivery import StatusSink
+from client._leases import LeasedIds
 from client._reader import report
-from client._requests import GROUP_JOBS, SubmitIds, Ticket
+from client._requests import GROUP_JOBS, Ticket
 from client.exceptions import SubmitException
 from pilot.wire.messages import StatusReport
 
@@ -79,7 +80,6 @@ class Pipeline:
         connection: Callable[[], Connection],
         *,
         request_timeout: float,
-        submit_ids: SubmitIds | None = None,
         window: int = WINDOW,
     ) -> None:
         self._connection = connection
@@ -91,7 +91,9 @@ class Pipeline:
         self._open: _Request | None = None  # the request new jobs join while it waits to be sent
         self._held: deque[_Request] = deque()  # requests not handed over yet, in order (the last is _open)
         self._outstanding = 0  # counted requests handed over and not answered
-        self._submit_ids = submit_ids if submit_ids is not None else SubmitIds()
+        self._ids = LeasedIds(connection, request_timeout=request_timeout)
+        #: Ids of the jobs sent whose answer was not read yet (the pilot may not have them yet).
+        self._unanswered: set[str] = set()
 
     @property
     def in_flight(self) -> int:
@@ -104,37 +106,58 @@ class Pipeline:
         *,
         on_id: Callable[[str], StatusSink],
         on_failed: StatusSink,
-    ) -> None:
+    ) -> str:
         """Hand one job to the connection. ``on_id(native_id)`` is called on the connection's reader when
         the pilot has the job, before any of its statuses, and returns the sink they go to (QUEUED first,
         or the job's current status when the pilot had it already); ``on_failed`` gets a FAILED status
         when the pilot refuses the job or it is given up. Raises SubmitException when the job was not
-        sent (no room in the window within the timeout, or no pilot to send it to)."""
-        (submit_id,) = self._submit_ids.take(1)
+        sent (no room in the window within the timeout, or no pilot to send it to). Returns the job's
+        id: leased from the pilot ahead (``client/_leases.py``), it is its native id and its submit id."""
+        submit_id = self._ids.take()
         job = (on_id, on_failed)
         with self._cond:
             if self._count >= self._window:
                 self._wait_room()
             self._count += 1
+            self._unanswered.add(submit_id)
             try:
                 conn = self._connection()
+                conn.check_open()  # a pilot known gone is said at once, even to a job that would wait here
                 joining = self._open
                 if joining is not None and len(joining.jobs) < GROUP_JOBS:
                     if joining.ticket is None:  # held: the next answer hands it over
                         joining.add(description, submit_id, job)
-                        return
+                        return submit_id
                     if conn.join(joining.ticket, functools.partial(joining.add, description, submit_id, job)):
-                        return
+                        return submit_id
                 request = self._open = _Request()
                 request.add(description, submit_id, job)
                 if self._outstanding < OUTSTANDING:
                     self._hand(conn, request)
                 else:
                     self._held.append(request)
+                return submit_id
             except BaseException:
                 self._count -= 1
+                self._unanswered.discard(submit_id)
                 self._open = None
                 raise
+
+    def wait_answered(self, job_id: str, timeout: float) -> bool:
+        """Wait until the pilot's answer for job ``job_id`` is read (or the job was given up): a cancel
+        must not overtake its submit. False at the timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._waiters += 1
+            try:
+                while job_id in self._unanswered:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(left)
+            finally:
+                self._waiters -= 1
+        return True
 
     def flush(self, timeout: float) -> bool:
         """Wait until every job submitted has its answer (or was given up); False at the timeout."""
@@ -158,6 +181,8 @@ class Pipeline:
             held, self._held = list(self._held), deque()
             self._open = None
             self._count -= sum(len(r.jobs) for r in held)
+            for r in held:
+                self._unanswered.difference_update(r.submit_ids)
             if self._waiters:
                 self._cond.notify_all()
         now = time.time()
@@ -230,23 +255,34 @@ class Pipeline:
             elif isinstance(result, dict) and result.get("retry"):  # refused for want of room: nothing was done
                 again.add(request.descriptions[i], request.submit_ids[i], job)
             else:
+                if isinstance(result, dict) and result.get("unleased"):
+                    self._ids.drop()  # this pilot does not know the block: the next jobs get a new one
                 error = result.get("error") if isinstance(result, dict) else None
                 message = f"the pilot did not accept the job: {error}" if error else "malformed result from the pilot"
                 statuses.append((StatusReport(None, "FAILED", now, None, message, None), on_failed))
         conn.subscribe_many(follow)  # before any later frame is read: the jobs' events find their sinks
         for status, sink in statuses:
             conn.emit(status, [sink])
+        self._answer_read([sid for sid in request.submit_ids if sid not in again.submit_ids])
         retried = 0
         if again.jobs:
             try:
                 again.ticket = self._send(conn, again, delay=RETRY_DELAY)
                 retried = len(again.jobs)
             except SubmitException as exc:
+                self._answer_read(again.submit_ids)
                 self._fail_jobs(conn, again.jobs, exc.message)
         self._settled(conn, request, len(jobs) - retried)
 
+    def _answer_read(self, submit_ids: list[str]) -> None:
+        with self._cond:
+            self._unanswered.difference_update(submit_ids)
+            if self._waiters:
+                self._cond.notify_all()
+
     def _lost(self, conn: Connection, request: _Request, message: str) -> None:
         """Given up (on the reader): its jobs end FAILED with the reason."""
+        self._answer_read(request.submit_ids)
         self._fail_jobs(conn, request.jobs, message)
         self._settled(conn, request, len(request.jobs))
 
@@ -272,6 +308,7 @@ class Pipeline:
                         if held is self._open:
                             self._open = None
                         self._count -= len(held.jobs)
+                        self._unanswered.difference_update(held.submit_ids)
                         refused.append((held.jobs, exc.message))
             if self._waiters:
                 self._cond.notify_all()

@@ -61,7 +61,7 @@ class PilotJobExecutor(psij.JobExecutor):
 
             pipeline = self._backend.pipeline
             if pipeline is not None:  # QUEUED (or FAILED, with the pilot's reason) follows as a status
-                pipeline.submit(description, on_id=on_id, on_failed=lambda raw: self._apply(job, raw))
+                job._native_id = pipeline.submit(description, on_id=on_id, on_failed=lambda raw: self._apply(job, raw))
                 return
             t = self._backend.submit(description, on_id)
         except InvalidJobException as exc:
@@ -80,6 +80,15 @@ class PilotJobExecutor(psij.JobExecutor):
             return
         if job.native_id is None:
             raise psij.SubmitException(f"cannot cancel job {job.id}: it was never submitted")
+        pipeline = self._backend.pipeline
+        if pipeline is not None and not pipeline.wait_answered(job.native_id, self._backend.request_timeout):
+            raise psij.SubmitException(
+                f"the pilot has not answered job {job.id}'s submit within {self._backend.request_timeout:g} s "
+                "(request_timeout); cancel it again later",
+                transient=True,
+            )
+        if job.status.final:
+            return
         try:
             self._backend.cancel(job.native_id)
         except SubmitException as exc:

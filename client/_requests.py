@@ -323,7 +323,7 @@ class RequestTable:
         """When a request waiting since ``base`` (monotonic) is given up: ``timeout`` after it -- and a
         submit, also not before ``timeout`` after the daemon was last seen alive, nor before the I/O
         thread has had time to look (``ALIVE_SLACK``)."""
-        if p.kind != wire.Kind.SUBMIT:
+        if p.kind != wire.Kind.SUBMIT and p.kind != wire.Kind.LEASE:  # a lease is asked for by a submit
             return base + timeout
         return max(base + max(timeout, ALIVE_SLACK), self._alive_at + ALIVE_SLACK + timeout)
 

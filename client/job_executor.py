@@ -143,7 +143,7 @@ class JobExecutor:
         if pipeline is not None:
             job.executor = self
             try:
-                pipeline.submit(description, on_id=on_id, on_failed=functools.partial(_apply, job))
+                job._native_id = pipeline.submit(description, on_id=on_id, on_failed=functools.partial(_apply, job))
             except BaseException:
                 job.executor = None
                 raise
@@ -222,15 +222,18 @@ class JobExecutor:
             )
 
     def cancel(self, job: Job) -> None:
-        if job.native_id is None and job.executor is self and job.status.state is JobState.NEW:
-            # Pipelined and not answered yet: its id comes with the answer (at most request_timeout). The
-            # reader sets it before QUEUED is delivered, which a callback calling this may be holding up.
-            deadline = time.monotonic() + self.request_timeout
-            while job.native_id is None and not job.status.final and time.monotonic() < deadline:
-                job.wait(timeout=0.05, target_states=[JobState.QUEUED])
         if job.status.final:
             return
-        if job.native_id is None:
+        answered = True
+        pipeline = self._backend.pipeline
+        if job.native_id is not None and pipeline is not None and job.executor is self:
+            # Pipelined: the pilot may not have it yet (its submit waits behind others), so the cancel waits
+            # for its answer (at most request_timeout); the reader notes it before QUEUED is delivered, which
+            # a callback calling this may be holding up.
+            answered = pipeline.wait_answered(job.native_id, self.request_timeout)
+            if job.status.final:
+                return
+        if job.native_id is None or not answered:
             if job.executor is self:
                 raise SubmitException(
                     f"the pilot has not answered job {job.id}'s submit within {self.request_timeout:g} s "

@@ -24,6 +24,7 @@ from pilot import history, lrm, site, views, wire
 from pilot.acquisition import Acquisition
 from pilot.allocations import AllocationBook, PilotAllocation, Site
 from pilot.config import Config
+from pilot.core.leases import META as LEASES_META
 from pilot.core.outbox import CancelAllocation, NodeLost
 from pilot.core.reactor import Core
 from pilot.delivery import ClientDelivery, send
@@ -47,6 +48,7 @@ from pilot.wire.messages import (
     Jobs,
     Kill,
     Launch,
+    Lease,
     ListJobs,
     Nodes,
     Register,
@@ -269,7 +271,12 @@ class Daemon:
         await self.acquisition.reattach()
         self._clock()
         core = self.core
-        core.resume(jobs=recovered.jobs, nodes=recovered.nodes, next_seq=recovered.next_seq)
+        core.resume(
+            jobs=recovered.jobs,
+            nodes=recovered.nodes,
+            next_seq=recovered.next_seq,
+            leases=recovered.meta.get(LEASES_META),
+        )
         self._alloc_seen = {}
         core.book.seal()
         self._commit()
@@ -405,6 +412,8 @@ class Daemon:
                 return {"results": core.on_submit(ident, jobs, submit_ids, again=again)}
             case Abandon(submit_ids=submit_ids):
                 return {"results": core.on_abandon(list(submit_ids))}
+            case Lease(count=count):
+                return core.on_lease(count)
             case Cancel(ids=ids):
                 return {"results": [core.on_cancel(i) for i in ids]}
             case Attach(ids=ids):

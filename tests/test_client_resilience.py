@@ -79,8 +79,12 @@ class Restartable:
     strays: list[psutil.Process]
     executors: list[psij.JobExecutor] = field(default_factory=list)
 
-    def executor(self, *, request_timeout: float = TIMEOUT) -> psij.JobExecutor:
-        ex = psij.JobExecutor.get_instance("pilot", url=str(self.pilot.rundir.path), request_timeout=request_timeout)
+    def executor(self, *, request_timeout: float = TIMEOUT, pipelined: bool = False) -> psij.JobExecutor:
+        """An executor of the pilot; by default one that waits for each submit's answer (the guarantees of
+        that round trip are what most tests here check; the pipelined default's are checked apart)."""
+        ex = psij.JobExecutor.get_instance(
+            "pilot", url=str(self.pilot.rundir.path), request_timeout=request_timeout, pipelined=pipelined
+        )
         self.pilot.executors.append(ex)  # closed by the start_pilot fixture
         return ex
 
@@ -215,9 +219,10 @@ def test_submit_to_a_killed_daemon_is_transient_and_the_same_executor_reconnects
     again = psij.Job(sh("true"))
     seen = Seen(again)
     ex.submit(again)
-    assert again.native_id is not None and seen.states[0] is psij.JobState.QUEUED
-    assert ex._backend.connection is conn and conn.connects == 2
+    assert again.native_id is not None  # minted by the client from its leased ids: no answer needed
     final(again)
+    assert seen.states[0] is psij.JobState.QUEUED
+    assert ex._backend.connection is conn and conn.connects == 2
     # The jobs held across the restart end one way or the other (run on, or lost): wait() never hangs.
     for job in held:
         final(job)
@@ -242,6 +247,44 @@ def test_submit_in_flight_when_the_daemon_dies_is_answered_by_the_next_daemon_an
     assert final(job).state is psij.JobState.COMPLETED
     assert ex.list() == [job.native_id]
     assert out.read_text() == "once\n"
+
+
+@pytest.mark.timeout(120)
+def test_pipelined_submits_and_a_lease_in_flight_when_the_daemon_dies_are_answered_by_the_next(
+    restartable: Restartable, tmp_path: Path
+) -> None:
+    """The default executor: jobs sent and unanswered when the daemon is SIGKILLed are sent again to the
+    next daemon on the run directory and run once each; an executor whose first lease of job ids was in
+    flight gets its ids from the next daemon, and its job runs once."""
+    r = restartable
+    ex = r.executor(request_timeout=60, pipelined=True)
+    agents_active(ex, 1)
+    warm = psij.Job(sh("true"))
+    ex.submit(warm)  # its first submit leased the ids the next ones use
+    assert final(warm).state is psij.JobState.COMPLETED
+    out = tmp_path / "out"
+    jobs = [psij.Job(sh(f"echo {i} >> {out}")) for i in range(20)]
+
+    def submit_all() -> None:
+        for job in jobs:
+            ex.submit(job)
+
+    t, errors = r.kill_with_requests_in_flight(ex, submit_all, in_flight=2)
+    t.join(30)
+    assert not t.is_alive() and not errors, errors
+    r.up_again()
+    for job in jobs:
+        assert final(job).state is psij.JobState.COMPLETED, job.status
+    fresh = r.executor(request_timeout=60, pipelined=True)
+    late = psij.Job(sh(f"echo late >> {out}"))
+    t2, errors2 = r.kill_with_requests_in_flight(fresh, lambda: fresh.submit(late), in_flight=1)
+    r.up_again()
+    t2.join(60)
+    assert not t2.is_alive() and not errors2, errors2
+    for job in [*jobs, late]:
+        assert final(job).state is psij.JobState.COMPLETED, job.status
+    assert sorted(out.read_text().split()) == sorted([*map(str, range(20)), "late"])
+    assert len({job.native_id for job in [warm, *jobs, late]}) == 22
 
 
 @pytest.mark.timeout(90)
@@ -374,6 +417,20 @@ def test_jobs_a_restarted_daemon_lost_end_failed_saying_so(restartable: Restarta
     new_seen = Seen(new)
     ex.submit(new)
     assert new.native_id in {job.native_id for job in held}
+    # A pipelined executor gives its jobs ids leased from the lost daemon: the new one takes them on (and
+    # the block they come from), so a lost job's id is never given to a new job of it.
+    piped = r.executor(pipelined=True)
+    before = psij.Job(sh("true"))
+    piped.submit(before)
+    assert final(before).state is psij.JobState.COMPLETED
+    r.kill_daemon(with_agents=True)
+    r.up_again(forget_jobs=True)
+    after = [psij.Job(sh("true")) for _ in range(3)]
+    for job in after:
+        piped.submit(job)
+    assert [final(job).state for job in after] == [psij.JobState.COMPLETED] * 3
+    ids = [int(job.native_id or 0) for job in [before, *after]]
+    assert ids == sorted(set(ids)) and ids[0] > 0, ids
     assert final(new).state is psij.JobState.COMPLETED
     assert psij.JobState.FAILED not in new_seen.states
     assert all(job.status.state is psij.JobState.FAILED for job in held)

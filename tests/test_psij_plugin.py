@@ -76,8 +76,8 @@ Executors = Callable[..., PilotJobExecutor]
 def executors() -> Iterator[Executors]:
     made: list[PilotJobExecutor] = []
 
-    def make(url: str | None = None) -> PilotJobExecutor:
-        ex = psij.JobExecutor.get_instance("pilot", url=url)
+    def make(url: str | None = None, config: psij.JobExecutorConfig | None = None) -> PilotJobExecutor:
+        ex = psij.JobExecutor.get_instance("pilot", url=url, config=config)
         assert isinstance(ex, PilotJobExecutor)
         made.append(ex)
         return ex
@@ -176,7 +176,7 @@ def test_a_pipelined_executor_from_psij_config_submits_before_the_answer(start_p
             assert rec.states == [psij.JobState.QUEUED, psij.JobState.ACTIVE, psij.JobState.COMPLETED], job.native_id
         status = final(too_big)
         assert status.state == psij.JobState.FAILED and "can never run" in str(status.message), status
-        assert len({job.native_id for job in jobs}) == len(jobs) and too_big.native_id is None
+        assert len({job.native_id for job in [*jobs, too_big]}) == len(jobs) + 1 and None not in {too_big.native_id}
     finally:
         ex.close()
 
@@ -290,9 +290,27 @@ def test_multiple_launcher_ranks_see_a_nodefile_line_per_process(
 # -- errors -----------------------------------------------------------------------------------------
 
 
-def test_a_job_that_can_never_fit_is_invalid_and_stays_new(start_pilot: Any, executors: Executors) -> None:
+def test_a_job_that_can_never_fit_ends_failed_saying_why(start_pilot: Any, executors: Executors) -> None:
+    """By default submit() does not wait for the pilot's answer: its refusal comes as FAILED, with the
+    reason and the job's native id."""
     p = start_pilot()
     ex = executors(str(p.rundir.path))
+    spec = psij.JobSpec("/bin/true")
+    spec.resources = psij.ResourceSpecV1(node_count=5)
+    job = psij.Job(spec)
+    ex.submit(job)
+    assert job.native_id is not None
+    status = final(job)
+    assert status.state == psij.JobState.FAILED and "can never run" in str(status.message), status
+    assert job.native_id not in ex.list()
+
+
+def test_a_job_that_can_never_fit_is_invalid_and_stays_new(start_pilot: Any, executors: Executors) -> None:
+    """An executor that waits for each answer (``pipelined = False``) raises the refusal."""
+    p = start_pilot()
+    config = psij.JobExecutorConfig()
+    config.pipelined = False  # type: ignore[attr-defined]
+    ex = executors(str(p.rundir.path), config)
     spec = psij.JobSpec("/bin/true")
     spec.resources = psij.ResourceSpecV1(node_count=5)
     job = psij.Job(spec)

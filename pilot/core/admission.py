@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pilot.allocations import Site, site_fields
+from pilot.core.leases import leased_id
 from pilot.core.state import CoreState, Part
 from pilot.frontends import compile_entry, is_document
 from pilot.jobs import JobRecord
@@ -89,6 +90,16 @@ class Admission(Part):
         results: list[dict[str, Any]] = []
         for raw, submit_id in zip(jobs, submit_ids, strict=True):
             made = known.get(submit_id) if submit_id is not None else None
+            leased = leased_id(submit_id)
+            if leased is not None and made is None:
+                state = self.book.leases.state(leased)
+                if state == "used" or (state == "unknown" and self.book.known(str(leased))):
+                    made = [str(leased)]  # it made its job before (its answer was lost): followed
+                elif state == "unknown" and leased > self.book.seq:
+                    self.book.adopt(leased)  # leased by a predecessor whose journal is gone: nobody else's
+                elif state == "unknown":
+                    results.append({"error": _not_leased(leased), "unleased": True})
+                    continue
             if submit_id is not None and submit_id in self.abandoned:
                 results.append({"error": ABANDONED})
             elif made is not None:
@@ -96,7 +107,7 @@ class Admission(Part):
             elif refusal is not None:
                 results.append(refusal)
             else:
-                result = self._submit_one(ident, raw, submit_id=submit_id)
+                result = self._submit_one(ident, raw, submit_id=submit_id, leased=leased)
                 if submit_id is not None and ("id" in result or "ids" in result):
                     known[submit_id] = result["ids"] if "ids" in result else [result["id"]]
                 results.append(result)
@@ -128,15 +139,23 @@ class Admission(Part):
             job.subscribers += (ident,)
         return {"id": job_id, "status": job.status(), "name": job.description.name}
 
-    def _submit_one(self, ident: bytes, raw: Any, *, submit_id: str | None = None) -> dict[str, Any]:
+    def _submit_one(
+        self, ident: bytes, raw: Any, *, submit_id: str | None = None, leased: int | None = None
+    ) -> dict[str, Any]:
         """One entry of a SUBMIT request (the pilot takes new jobs: :meth:`refusal` said so), compiled by
         its language's front-end. Every job it holds is checked (launchers, whether it can ever fit,
         dependencies and cycles) before any is accepted: all are accepted or none, every one of them under
-        ``submit_id`` if given."""
+        ``submit_id`` if given. ``leased``: the id leased for the job, which it gets (a document's jobs
+        cannot have one: the pilot names them)."""
         book = self.book
         now = self.clock.wall
         try:
             submission = compile_entry(raw, cluster=self.nodes.cluster)
+            if leased is not None and submission.document:
+                raise DescriptionError(
+                    f"submit id {submit_id!r} is a leased job id, which a document's jobs cannot have; "
+                    "send the document under a submit id of the client's own"
+                )
             records: list[JobRecord] = []
             graphed = False  # jobs without dependencies (or an id to be found by) stay out of the graph
             for i, request in enumerate(submission.requests):
@@ -149,7 +168,7 @@ class Admission(Part):
                     where = request.where or "the job"
                     raise DescriptionError(f"{where} can never run in this allocation: " + "; ".join(never))
                 job = JobRecord(
-                    id=str(book.seq + 1 + i),
+                    id=str(leased) if leased is not None else book.next_id(i),
                     description=request.description,
                     submitted=now,
                     state_time=now,
@@ -223,3 +242,11 @@ def _offered(site: Site, fields: list[tuple[str, str]]) -> str:
         else:
             parts.append(f"{key} {value!r}")
     return ", ".join(parts)
+
+
+def _not_leased(job_id: int) -> str:
+    return (
+        f"job id {job_id} was not leased to a client by this pilot: the pilot was started afresh on this run "
+        "directory since the client leased it (its journal lost) and has given the id to another job since; "
+        "submit the job again (the client leases new ids)"
+    )

@@ -15,6 +15,8 @@ from typing import Any, Protocol
 import structlog
 
 from pilot.core.clock import Clock
+from pilot.core.leases import META as LEASES_META
+from pilot.core.leases import MOST, Leases
 from pilot.core.outbox import Outbox
 from pilot.core.phase import NEXT, IllegalMove, Phase
 from pilot.jobs import JobRecord, ProcessResult
@@ -62,7 +64,9 @@ class JobBook:
         self.graph = JobGraph()
         #: Unstarted jobs with a start time or a start-by bound (JRDL): checked by :meth:`check_times`.
         self.timed: dict[str, JobRecord] = {}
-        self.seq = 0  # the last job id given
+        self.seq = 0  # the last job id given (to a job, or leased to a client)
+        #: Ids leased to clients that have not all made jobs yet (``pilot/core/leases.py``).
+        self.leases = Leases()
         #: Jobs accepted since the last journal commit under a client's submit id: submit id -> job ids
         #: (one for a PSI/J job; every job of a document, which travels under one submit id).
         self.fresh_by_submit_id: dict[str, list[str]] = {}
@@ -146,13 +150,38 @@ class JobBook:
 
     # -- admission and dependencies -----------------------------------------------------------------
 
+    def next_id(self, k: int = 0) -> str:
+        """The id the (k+1)-th next job the pilot names itself gets."""
+        return str(self.seq + 1 + k)
+
+    def lease(self, count: int) -> tuple[int, int]:
+        """Ids for a client to give its jobs (:mod:`pilot.core.leases`): first, last."""
+        count = max(1, min(count, MOST))
+        first = self.seq + 1
+        self.seq += count
+        self.leases.grant(first, self.seq)
+        return first, self.seq
+
+    def adopt(self, job_id: int) -> None:
+        """A leased id this pilot never gave (a predecessor did, and its journal is gone), above every id
+        given: the block a lease can hold from it on is taken as leased to that client (a client's ids come
+        from blocks of at most ``MOST``), so its next ids are accepted too and nobody else gets them."""
+        last = job_id + MOST - 1
+        self.leases.grant(job_id, last)
+        self.seq = last
+
     def accept(self, ident: bytes, job: JobRecord, raw: Any, *, submit_id: str | None = None) -> None:
-        self.seq += 1
-        assert job.id == str(self.seq)
+        """A job the pilot takes: its id is the next one (:meth:`next_id`) or one leased for it (its
+        submit id, checked free by admission)."""
+        if submit_id is not None and job.id == submit_id:
+            self.leases.use(int(job.id))
+        else:
+            self.seq += 1
+            assert job.id == str(self.seq)
         if ident not in job.subscribers:
             job.subscribers += (ident,)
         self.jobs[job.id] = job
-        self.outbox.journal.job_accepted(job.id, self.seq, raw, job.submitted, submit_id=submit_id)
+        self.outbox.journal.job_accepted(job.id, int(job.id), raw, job.submitted, submit_id=submit_id)
         if submit_id is not None:
             made = self.fresh_by_submit_id.get(submit_id)
             if made is None:
@@ -270,6 +299,8 @@ class JobBook:
     def seal(self) -> None:
         """Write the changed rows into the outbox's journal batch: the shell commits it next."""
         tx = self.outbox.journal
+        if self.leases.changed:
+            tx.meta(LEASES_META, self.leases.journal_value())
         placed = self._placed
         for job in self._dirty:
             tx.job_update(job, placed=job in placed)

@@ -96,6 +96,12 @@ class Core:
                     self.lifecycle.cancel(job, reason=ABANDONED)
         return [{"submit_id": s, "ids": made[s]} if s in made else {"submit_id": s} for s in submit_ids]
 
+    def on_lease(self, count: int) -> dict[str, Any]:
+        """Job ids for a client to give its jobs (``pilot/core/leases.py``); journaled at this step's
+        commit, before the reply leaves."""
+        first, last = self.book.lease(count)
+        return {"first": first, "last": last}
+
     def on_attach(self, ident: bytes, job_id: str) -> dict[str, Any]:
         return self.admission.attach(ident, job_id)
 
@@ -276,7 +282,7 @@ class Core:
 
     # -- resume ---------------------------------------------------------------------------------------
 
-    def resume(self, *, jobs: list[JobRecord], nodes: list[NodeConfigured], next_seq: int) -> None:
+    def resume(self, *, jobs: list[JobRecord], nodes: list[NodeConfigured], next_seq: int, leases: Any = None) -> None:
         """Rebuild from the journal of a daemon that died: jobs, queue, nodes and their held slots. The
         agents keep running and register again (with their unacknowledged events)."""
         for node in nodes:
@@ -286,7 +292,8 @@ class Core:
             known = self.allocations.held.get(allocation_of_node(node.name))
             if known is None or known.over:
                 self.agents.gone(agent, f"node {node.name}'s allocation ended before the restart")
-        self.book.seq = next_seq - 1
+        last_leased = self.book.leases.restore(leases, (job.id for job in jobs))
+        self.book.seq = max(next_seq - 1, last_leased)
         book = self.book
         for job in jobs:
             if job.final:

@@ -35,6 +35,7 @@ class Kind:
     NODES: Final = "nodes"  # the nodes as SSS Node XML: Configured, Available, Utilized
     RELEASE: Final = "release"  # lift an SSS <Hold>
     ABANDON: Final = "abandon"  # submit ids a client gave up on: refuse them, cancel what they made
+    LEASE: Final = "lease"  # job ids for a client to give its jobs itself (pilot/core/leases.py)
     # daemon -> client
     REPLY: Final = "reply"
     EVENTS: Final = "events"
@@ -66,6 +67,7 @@ CLIENT_KINDS: Final = frozenset(
         Kind.NODES,
         Kind.RELEASE,
         Kind.ABANDON,
+        Kind.LEASE,
     }
 )
 AGENT_KINDS: Final = frozenset({Kind.REGISTER, Kind.HEARTBEAT, Kind.TASK_EVENTS, Kind.BYE})

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol, Self
 
+from pilot.core.leases import MOST as LEASE_MOST
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
 from pilot.wire.codec import Kind, ProtocolError, field, opt_field
@@ -386,6 +387,26 @@ class Abandon:
 
 
 @dataclass(frozen=True, slots=True)
+class Lease:
+    """Ask for ``count`` job ids to give jobs as they are sent (their submit ids): the reply's ``first``
+    and ``last``, journaled before the reply leaves."""
+
+    KIND: ClassVar[str] = Kind.LEASE
+    rid: int
+    count: int
+
+    def body(self) -> dict[str, Any]:
+        return {"rid": self.rid, "count": self.count}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        count = field(body, "count", int)
+        if not 0 < count <= LEASE_MOST:
+            raise ProtocolError(f"'count' must be 1 to {LEASE_MOST} job ids, not {count}")
+        return cls(field(body, "rid", int), count)
+
+
+@dataclass(frozen=True, slots=True)
 class _ByIds:
     """A request about jobs named by their ids."""
 
@@ -533,12 +554,40 @@ class Shutdown:
 
 
 ClientRequest = (
-    Submit | Abandon | Cancel | Attach | Explain | Show | Release | Hello | ListJobs | Jobs | Status | Nodes | Shutdown
+    Submit
+    | Abandon
+    | Lease
+    | Cancel
+    | Attach
+    | Explain
+    | Show
+    | Release
+    | Hello
+    | ListJobs
+    | Jobs
+    | Status
+    | Nodes
+    | Shutdown
 )
 
 TO_DAEMON_FROM_CLIENT: Mapping[str, type[Body]] = {
     c.KIND: c
-    for c in (Submit, Abandon, Cancel, Attach, Explain, Show, Release, Hello, ListJobs, Jobs, Status, Nodes, Shutdown)
+    for c in (
+        Submit,
+        Abandon,
+        Lease,
+        Cancel,
+        Attach,
+        Explain,
+        Show,
+        Release,
+        Hello,
+        ListJobs,
+        Jobs,
+        Status,
+        Nodes,
+        Shutdown,
+    )
 }
 
 _CLIENT_KINDS = frozenset(TO_DAEMON_FROM_CLIENT)
