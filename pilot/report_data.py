@@ -113,14 +113,15 @@ def queue_depth(jobs: Sequence[Job], *, now: float) -> Series:
 
 
 def ends_per_second(jobs: Sequence[Job], *, bins: int = 60) -> Series:
-    """Jobs ended per second, in up to ``bins`` equal spans from the first submit to the last end (each
-    at least a second): the left edge of each span and its rate."""
+    """Jobs ended per second, in up to ``bins`` equal spans (each at least a second) from the first submit
+    to the last end: the left edge of each span and its rate."""
     ends = sorted(j.ended for j in jobs if j.ended is not None)
     if not ends:
         return [], []
     first = min(j.submitted for j in jobs)
-    width = max(1.0, (ends[-1] - first) / bins)
-    n = max(1, math.ceil((ends[-1] - first) / width + 1e-9))
+    span = ends[-1] - first
+    n = max(1, min(bins, math.floor(span)))
+    width = max(span / n, 1.0)
     counts = [0] * n
     for t in ends:
         counts[min(n - 1, max(0, int((t - first) / width)))] += 1

@@ -43,7 +43,8 @@ def test_ends_per_second_and_summary() -> None:
         [row(i, 0, 0, 1.5 + i % 2, delivered={"user_cpu_time": 0.5, "wall_duration": 1.0}) for i in range(6)]
     )
     starts, rates = rd.ends_per_second(jobs, bins=60)
-    assert starts == [0, 1, 2] and rates == [0, 3, 3]  # 1-second spans at least
+    assert starts == [0, 1.25] and rates == [0, 4.8]  # spans of a second at least, the last end in the last
+    assert rd.ends_per_second(jobs, bins=1) == ([0], [6 / 2.5])
     s = rd.summary(jobs)
     assert s["jobs"] == 6 and s["states"] == {"COMPLETED": 6} and s["span_seconds"] == 2.5
     assert jobs[0].cores_used == 0.5 and s["core_hours_used"] == pytest.approx(3 / 3600)

@@ -140,12 +140,20 @@ def _since(ax: Axes, t0: float, jobs: list[rd.Job], now: float) -> None:
     ax.grid(alpha=0.3)
 
 
+def _whole(ax: Axes) -> None:
+    """Ticks on whole numbers only on the y axis (cores and jobs come whole)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _utilization(fig: Figure, jobs: list[rd.Job], t0: float, now: float) -> None:
     ax = fig.subplots()
     for node, (times, values) in rd.busy_cores(jobs, now=now).items():
         ax.step([t - t0 for t in times], values, where="post", label=node)
     ax.set_title("busy cores per node")
     ax.set_ylabel("cores held by running jobs")
+    _whole(ax)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper right", fontsize="small")
     _since(ax, t0, jobs, now)
@@ -165,6 +173,8 @@ def _timeline(fig: Figure, jobs: list[rd.Job], t0: float, now: float) -> None:
     ax.set_ylabel("job, in submit order")
     if len(shown) <= 40:
         ax.set_yticks(range(len(shown)), [j.id for j in shown])
+    else:
+        _whole(ax)
     ax.invert_yaxis()
     _since(ax, t0, jobs, now)
 
@@ -175,6 +185,7 @@ def _queue(fig: Figure, jobs: list[rd.Job], t0: float, now: float) -> None:
     ax.step([t - t0 for t in times], values, where="post", color="#6a1b9a")
     ax.set_title("queue depth: jobs submitted and not started")
     ax.set_ylabel("jobs waiting")
+    _whole(ax)
     _since(ax, t0, jobs, now)
 
 
@@ -202,6 +213,8 @@ def _delivered(fig: Figure, jobs: list[rd.Job], t0: float, now: float) -> None:
     memory.scatter(x, [j.max_rss / mib for j in jobs], s=12, color="#ef6c00", label="used (max RSS)")
     memory.set_ylabel("memory (MiB)")
     memory.set_xlabel("job, in submit order")
+    if len(jobs) <= 40:
+        memory.set_xticks(x, [j.id for j in jobs])
     memory.legend(loc="upper right", fontsize="small")
     for ax in (cores, memory):
         ax.grid(alpha=0.3)
