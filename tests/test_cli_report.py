@@ -35,9 +35,9 @@ window.addEventListener("load", () => {
 pytestmark = pytest.mark.timeout(180)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PYTHON, "-m", "pilot", *args], env=dict(os.environ), capture_output=True, text=True, timeout=120
+        [PYTHON, "-m", "pilot", *args], env=dict(os.environ), capture_output=True, text=True, timeout=120, cwd=cwd
     )
 
 
@@ -88,6 +88,9 @@ def a_run(start_pilot: Any) -> tuple[str, str]:
     live = cli("report", "--rundir", rd, "--json", "--output", str(Path(rd).parent / "live"))
     assert live.returncode == 0, live.stderr  # while the pilot runs: its latest run, from the daemon
     assert json.loads(live.stdout)["run"] == run
+    # A run id is whatever a client set: one that reads as a path must not make the report's folder one.
+    odd = cli("submit", "--rundir", rd, "--run", "../odd run", "--wait", "--", "/bin/true")
+    assert odd.returncode == 0, odd.stderr
     assert cli("down", "--rundir", rd).returncode == 0
     return rd, run
 
@@ -150,6 +153,13 @@ def test_report_of_an_unknown_run_names_the_runs_kept(a_run: tuple[str, str], tm
     proc = cli("report", "run-nope", "--rundir", rd, "--output", str(tmp_path / "r"))
     assert proc.returncode == 1 and "no job of run 'run-nope'" in proc.stderr and run in proc.stderr
     assert not (tmp_path / "r").exists()
+    here = tmp_path / "here"
+    here.mkdir()
+    odd = cli("report", "../odd run", "--rundir", rd, cwd=here)
+    assert odd.returncode == 0, odd.stderr
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("pilot-report")] == []
+    assert [p.name for p in here.iterdir()] == ["pilot-report-_odd_run"]
+    assert (here / "pilot-report-_odd_run" / "report.html").is_file()
     both = cli("report", run, "--all", "--rundir", rd)
     assert both.returncode == 2 and "not both" in both.stderr
 

@@ -108,6 +108,15 @@ def test_top_once_and_json_for_scripts(start_pilot: Any) -> None:
     assert frame["tasks_per_second"] > 0 and frame["eta_seconds"] > 0  # the failed job ended just now
 
 
+def test_tasks_per_second_counts_the_last_window_or_the_span_of_a_cut_list() -> None:
+    from pilot.cli.top import tasks_per_second
+
+    assert tasks_per_second([39, 95, 99, 101], now=100, window=60, capped=False) == 2 / 60  # 101: not yet
+    assert tasks_per_second([90, 95, 99], now=100, window=60, capped=True) == 3 / 10  # all in it: its span
+    assert tasks_per_second([30, 95, 99], now=100, window=60, capped=True) == 2 / 60
+    assert tasks_per_second([], now=100, window=60, capped=False) == 0.0
+
+
 def test_top_without_a_pilot_says_so(pilot_home: Any) -> None:
     proc = cli("top", "--name", "nothing", "--once")
     assert proc.returncode == 1 and "no pilot is running in" in proc.stderr and "Traceback" not in proc.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import base64
 import html
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 _COLOURS = {"COMPLETED": "#2e7d32", "FAILED": "#c62828", "CANCELED": "#757575"}
 #: Beyond this many jobs the timeline shows the last ones (a picture of more tells nothing more).
 _TIMELINE_MAX = 2000
+#: Beyond this many failures the page lists the first ones ('pilot history --state FAILED' has them all).
+_FAILURES_MAX = 1000
 
 
 def add_parsers(sub: Any) -> None:
@@ -53,7 +56,8 @@ def report_cmd(args: argparse.Namespace) -> None:
         known = sorted({str(r["run"]) for r in rows if r.get("run")})[-5:]
         hint = f"; the latest runs: {', '.join(known)}" if known else ""
         fail(f"no job of run {run!r} in {rundir.path} ('pilot history' lists what is kept){hint}")
-    out = (args.output or Path(f"pilot-report-{run}")).expanduser()
+    # The run id comes from the jobs (any client sets it): only a plain name makes the default folder.
+    out = (args.output or Path("pilot-report-" + re.sub(r"[^A-Za-z0-9_.-]", "_", run).lstrip("."))).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     now = time.time()
     pngs = _plots(chosen, now=now)
@@ -247,8 +251,11 @@ def _html(
         f"<td>{'-' if j.exit_code is None else j.exit_code}</td>"
         f"<td>{e(time.strftime('%H:%M:%S', time.localtime(j.ended))) if j.ended else '-'}</td>"
         f"<td>{e(j.message)}</td></tr>"
-        for j in failed
+        for j in failed[:_FAILURES_MAX]
     )
+    if len(failed) > _FAILURES_MAX:
+        more = f"... and {len(failed) - _FAILURES_MAX} more: 'pilot history --state FAILED --run {run}'"
+        rows += f"\n<tr><td colspan=6>{e(more)}</td></tr>"
     failures = (
         f'<table id="failures"><tr><th>job</th><th>name</th><th>node</th><th>exit</th><th>ended</th>'
         f"<th>why</th></tr>\n{rows}</table>"

@@ -190,7 +190,7 @@ def render(f: dict[str, Any]) -> RenderableType:
     ]:
         nodes.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for n in f["nodes"]:
-        nodes.add_row(
+        cells = [
             n["name"],
             n["agent"],
             f"{n['busy_cores']}/{n['cores']}",
@@ -200,7 +200,8 @@ def render(f: dict[str, Any]) -> RenderableType:
             str(n["running"]),
             str(n["waiting"]),
             "-" if n["load"] is None else f"{float(n['load']):.2f}",
-        )
+        ]
+        nodes.add_row(*(Text(c) for c in cells))  # Text: a node's name is shown as it is, never as markup
     parts: list[RenderableType] = [head, jobs, Text("per node, busy/total:", style="dim"), nodes]
     if not f["nodes"]:
         parts.append(Text("no node has registered yet (the allocation is starting)"))
