@@ -31,16 +31,19 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 def busy_pilot(start_pilot: Any) -> tuple[str, str]:
     """A pilot with one FAILED job, four sleeps running and two queued; its run dir and the sleeps' run."""
     pilot = start_pilot(TWO_BY_TWO)
-    agents_active(pilot.executor(), 2)
+    ex = pilot.executor()
+    agents_active(ex, 2)
     rd = str(pilot.rundir.path)
     failed = cli("submit", "--rundir", rd, "--wait", "--", "/bin/sh", "-c", "exit 3")
     assert failed.returncode == 1, failed.stderr
     sleeps = cli("submit", "--rundir", rd, "--array", "1-6", "--", "sleep", "60")
     assert sleeps.returncode == 0, sleeps.stderr
-    wait_for(
-        lambda: pilot.status()["jobs"].get("ACTIVE") == 4 and pilot.status()["queued"] == 2,
-        what="four sleeps running and two queued",
-    )
+
+    def settled() -> bool:
+        st = ex.pilot_status()
+        return bool(st["jobs"].get("ACTIVE") == 4 and st["queued"] == 2)
+
+    wait_for(settled, what="four sleeps running and two queued")
     return rd, sleeps.stdout.split(":")[0]
 
 

@@ -29,7 +29,8 @@ def add_parsers(sub: Any) -> None:
     tp = sub.add_parser(
         "top",
         help="a live view: busy cores/GPUs/memory per node, queue, tasks/s, ETA, recent failures",
-        description="Redraws in place every --interval until Ctrl-C; --once prints one frame and exits.",
+        description="Redraws in place every --interval until Ctrl-C; --once (or an output that is not a terminal) "
+        "prints one frame and exits.",
     )
     add_target(tp)
     tp.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
