@@ -426,8 +426,10 @@ class Daemon:
                 return {"results": [views.show(core, i) for i in ids]}
             case ListJobs():
                 return {"ids": views.job_ids(core)}
-            case Jobs(states=states, name=name, run=run, since=since, limit=limit):
-                return views.jobs(core, states=states, name=name, run=run, since=since, limit=limit)
+            case Jobs(states=states, name=name, run=run, since=since, limit=limit, delivered=delivered):
+                return views.jobs(
+                    core, states=states, name=name, run=run, since=since, limit=limit, delivered=delivered
+                )
             case Status():
                 return self.status()
             case Nodes():

@@ -42,12 +42,14 @@ def jobs(
     run: str | None = None,
     since: float | None = None,
     limit: int | None = None,
+    delivered: bool = False,
 ) -> dict[str, Any]:
     """'pilot jobs': one summary row per job that matches every filter given (state, a glob on the
     name, the run, submitted at or after ``since``), in submission order: the jobs in memory, and those
     only the journal holds. With ``limit``, the last ``limit`` rows: the journal is read newest first
     and only until it has given that many (this runs in the daemon's I/O loop); ``left_out`` says how
-    many earlier ones match (None: some, not counted)."""
+    many earlier ones match (None: some, not counted). With ``delivered``, each row has its Delivered
+    (empty until the job has ended)."""
     wanted = set(states)
 
     def matches(state: str, submitted: float, job_name: str | None, job_run: str | None) -> bool:
@@ -60,7 +62,7 @@ def jobs(
 
     live = core.book.jobs
     chosen = [
-        _live_row(j)
+        _live_row(j) | ({"delivered": j.metadata if j.final else {}} if delivered else {})
         for j in live.values()
         if matches(j.state.value, j.submitted, j.description.name, _run_of(j.description.custom_attributes))
     ]
@@ -71,7 +73,7 @@ def jobs(
         for raw in history.job_rows(states=states, since=since, newest_first=limit is not None):
             if raw[0] in live:
                 continue  # memory knows it better
-            row = _stored_row(*raw)
+            row = _stored_row(*raw) | ({"delivered": raw[6] or {}} if delivered else {})
             if not matches(row["state"], row["submitted"], row["name"], row["run"]):
                 continue
             if limit is not None and stored == limit:
@@ -109,6 +111,7 @@ def _live_row(job: JobRecord) -> dict[str, Any]:
         "nodes": sorted({r.node for r in ranks}),
         "cores": sum(len(r.cores) for r in ranks),
         "gpus": sum(len(r.gpus) for r in ranks),
+        "memory": d.resources.memory_per_process * d.resources.process_count,
         "command": [d.executable, *d.arguments],
     }
 
@@ -141,10 +144,27 @@ def _stored_row(
         "nodes": [str(n) for n in nodes] if isinstance(nodes, list) else [],
         "cores": int(meta.get("processors") or 0),
         "gpus": int(meta.get("gpus") or 0),
+        "memory": _asked_memory(desc.get("resources")),
         "command": [str(desc.get("executable", "")), *(str(a) for a in args)]
         if isinstance(args, list)
         else [str(desc.get("executable", ""))],
     }
+
+
+def _asked_memory(resources: Any) -> int:
+    """The memory a journaled description asked for, in bytes (0: none), as 'pilot report' compares it
+    with the max RSS used. The client sends only what differs from the defaults (one process); the
+    process count follows ResourceSpecV1's rules."""
+    if not isinstance(resources, dict):
+        return 0
+
+    def whole(key: str) -> int | None:
+        value = resources.get(key)
+        return value if type(value) is int and value >= 0 else None
+
+    per, nodes, ppn = whole("memory_per_process"), whole("node_count"), whole("processes_per_node")
+    count = whole("process_count") or (nodes * ppn if nodes and ppn else nodes or ppn or 1)
+    return per * count if per else 0
 
 
 def _run_of(custom: Any) -> str | None:

@@ -43,6 +43,7 @@ SAMPLES: list[Any] = [
     m.Nodes(10),
     m.Shutdown(11, drain=True),
     m.Abandon(12, ("k-1", "k-2")),
+    m.Jobs(13, ("FAILED",), run="run-1", limit=5, delivered=True),
 ]
 
 
@@ -110,6 +111,8 @@ def test_a_bad_request_says_which_kind_and_keeps_its_rid() -> None:
     assert str(error) == "bad cancel request: field 'ids' must be a list of strings"
     with pytest.raises(ProtocolError, match="missing field 'rid'"):
         m.decode_request(wire.encode(Kind.STATUS, {}))
+    _, error = m.decode_request(wire.encode(Kind.JOBS, {"rid": 6, "delivered": 1}))
+    assert str(error) == "bad jobs request: field 'delivered' must be bool, not int"
 
 
 def test_heartbeat_measures_keep_only_well_typed_entries() -> None:

@@ -1,6 +1,6 @@
 """``pilot``: the operator's command line, one module per family of commands -- the pilot itself
 (:mod:`.lifecycle`), jobs (:mod:`.jobs`), submission (:mod:`.submit`), streamed output (:mod:`.logs`),
-``run`` (:mod:`.run`) and shell
+``run`` (:mod:`.run`), the live view (:mod:`.top`), the run report (:mod:`.report`) and shell
 completion (:mod:`.completion`). The only package that prints.
 
 Whatever goes wrong reaches the user as one line that says what to change, never a traceback: a
@@ -16,7 +16,7 @@ import sys
 
 import pilot
 from pilot import config as config_mod
-from pilot.cli import completion, jobs, lifecycle, logs, run, submit
+from pilot.cli import completion, jobs, lifecycle, logs, report, run, submit, top
 from pilot.cli.common import CliError
 from pilot.history import HistoryError
 from pilot.security import SecurityError
@@ -26,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pilot", description="pilot-job execution manager")
     p.add_argument("--version", action="version", version=f"pilot {pilot.__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for family in (lifecycle, jobs, submit, logs, run, completion):
+    for family in (lifecycle, jobs, submit, logs, run, top, report, completion):
         family.add_parsers(sub)
     return p
 

@@ -486,7 +486,8 @@ class ListJobs(_About):
 @dataclass(frozen=True, slots=True)
 class Jobs:
     """Summary rows of the jobs that match every filter given: states, a glob on the name, the run
-    (custom attribute ``pilot.run``), submitted at or after ``since``; at most the last ``limit``."""
+    (custom attribute ``pilot.run``), submitted at or after ``since``; at most the last ``limit``. With
+    ``delivered``, each row carries its Delivered ('pilot report' draws what was used)."""
 
     KIND: ClassVar[str] = Kind.JOBS
     rid: int
@@ -495,6 +496,7 @@ class Jobs:
     run: str | None = None
     since: float | None = None
     limit: int | None = None
+    delivered: bool = False
 
     def body(self) -> dict[str, Any]:
         return {
@@ -504,6 +506,7 @@ class Jobs:
             "run": self.run,
             "since": self.since,
             "limit": self.limit,
+            "delivered": self.delivered,
         }
 
     @classmethod
@@ -522,6 +525,7 @@ class Jobs:
             opt_field(body, "run", str),
             None if since is None else float(since),
             limit,
+            opt_field(body, "delivered", bool, False),
         )
 
 
