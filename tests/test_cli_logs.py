@@ -108,6 +108,14 @@ def test_submit_wait_names_signals_and_logs_shows_the_tail_then_after_down_too(p
     stopped = cli("logs", "--rundir", rd, running_id)
     assert stopped.stdout == "started\n" and f"job {running_id} CANCELED" in stopped.stderr, stopped
 
+    # A new life of the pilot numbers its jobs from 1 again: their output is never mixed with the last's.
+    pilot.up_again()
+    agents_active(pilot.executor(), 1)
+    again = cli("submit", "--rundir", rd, "--wait", "--", "/bin/echo", "a new life")
+    new_id = again.stdout.split()[-4]  # "<run>: 1 job(s): <id>" then "<id> COMPLETED" and the counts
+    assert new_id == job_id, again.stdout
+    assert logs_when(rd, new_id, want="a new life\n").stdout == "a new life\n"
+
 
 def test_logs_prints_the_files_a_job_named_and_refuses_an_unknown_id(pilot: Any, tmp_path: Path) -> None:
     rd = str(pilot.rundir.path)
