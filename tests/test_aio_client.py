@@ -100,6 +100,7 @@ def test_200_jobs_submitted_from_200_tasks_complete_and_every_state_is_an_event(
 def test_failing_job_reports_exit_code_and_wait_times_out_with_none(pilot: Pilot, anyio_backend: str) -> None:
     async def main() -> None:
         ex = await AsyncJobExecutor.connect(str(pilot.rundir.path))
+        events = ex.events()
         try:
             bad = job("/bin/sh", "-c", "exit 3")
             slow = job("/bin/sleep", "30")
@@ -108,12 +109,21 @@ def test_failing_job_reports_exit_code_and_wait_times_out_with_none(pilot: Pilot
             status = await bad.wait(timeout=60)
             assert status is not None and status.state is JobState.FAILED and status.exit_code == 3, status
             assert bad.status is status
+            async with AsyncJobExecutor(str(pilot.rundir.path)) as other:
+                seen = AsyncJob()
+                await other.attach(seen, str(bad.native_id))  # another executor follows the same job
+                assert seen.status.state is JobState.FAILED and seen.status.exit_code == 3, seen
+                lost = AsyncJob()
+                await other.attach(lost, "123456")
+                assert lost.status.state is JobState.FAILED and "cannot attach" in str(lost.status.message)
             assert await slow.wait(timeout=0.2, target_states=[JobState.COMPLETED]) is None
             await slow.cancel()
             status = await slow.wait(timeout=60)
             assert status is not None and status.state is JobState.CANCELED, status
         finally:
             await ex.close()
+        ended = [(e.job, e.status.state) async for e in events if e.status.final]  # it ends with the executor
+        assert sorted(ended, key=lambda e: e[1].value) == [(slow, JobState.CANCELED), (bad, JobState.FAILED)]
 
     run(anyio_backend, main)
 
@@ -172,6 +182,33 @@ def test_submit_all_submits_the_good_and_raises_for_the_others(pilot: Pilot, any
             await ex.submit_all([no_executable])  # a refused job stays NEW and may be submitted again
             status = await no_executable.wait(timeout=60)
             assert status is not None and status.state is JobState.COMPLETED
+
+    run(anyio_backend, main)
+
+
+def test_a_submit_cancelled_before_it_is_sent_leaves_the_job_new_and_the_others_go(
+    pilot: Pilot, anyio_backend: str
+) -> None:
+    async def main() -> None:
+        async with AsyncJobExecutor(str(pilot.rundir.path)) as ex:
+            withdrawn, kept = job("/bin/true"), job("/bin/true")
+
+            async def cancelled_submit() -> None:
+                with anyio.CancelScope() as scope:
+                    scope.cancel()  # the submit's first checkpoint is before its worker thread starts
+                    await ex.submit(withdrawn)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancelled_submit)  # it leads, and the batch holds both jobs when it is cancelled
+                tg.start_soon(ex.submit, kept)
+            assert withdrawn.status.state is JobState.NEW and withdrawn.native_id is None
+            assert withdrawn.executor is None
+            status = await kept.wait(timeout=60)
+            assert status is not None and status.state is JobState.COMPLETED, status
+            await ex.submit(withdrawn)  # not submitted, so it may be again
+            status = await withdrawn.wait(timeout=60)
+            assert status is not None and status.state is JobState.COMPLETED, status
+            assert sorted(await ex.list(), key=int) == sorted([str(kept.native_id), str(withdrawn.native_id)], key=int)
 
     run(anyio_backend, main)
 

@@ -242,11 +242,15 @@ class AsyncJobExecutor:
                         self._turn = anyio.Event()
                     await self._turn.wait()
                     continue
+                if not self._pending:  # cannot be: a job not done is pending or in the leader's batch
+                    raise RuntimeError("async submit lost track of its jobs")
                 self._leading = True
+                batch, self._pending = self._pending, []
                 try:
-                    batch, self._pending = self._pending, []
-                    await anyio.to_thread.run_sync(self._submit_batch, batch)  # runs to its end if cancelled
+                    await anyio.to_thread.run_sync(self._submit_batch, batch)  # once started, runs to its end
                 finally:
+                    # Cancelled before the worker started: the batch waits again, in its place.
+                    self._pending[:0] = [entry for entry in batch if not entry.done]
                     self._leading = False
                     if self._calls is not None:
                         self._calls.drain()  # the QUEUED of each job submitted: seen on return
@@ -326,6 +330,25 @@ class AsyncJobExecutor:
         self._usable()
         _check_job(job)
         await anyio.to_thread.run_sync(self._sync.cancel, job._job)
+
+    async def attach(self, job: AsyncJob, native_id: str) -> None:
+        """PSI/J's attach, as :meth:`client.JobExecutor.attach`: the NEW ``job`` follows the pilot's job
+        ``native_id`` from now on (its spec discarded); an id the pilot cannot find moves it to FAILED."""
+        self._usable()
+        _check_job(job)
+        if job.status.state is not JobState.NEW or job.executor is not None:
+            raise InvalidJobException(f"job {job.id} is {job.status.state}; attach needs a NEW job")
+        job.executor = self
+        job._job.set_job_status_callback(functools.partial(self._on_status, job))
+        try:
+            await anyio.to_thread.run_sync(self._sync.attach, job._job, str(native_id))
+        except BaseException:
+            if job._job.native_id is None:
+                job.executor = None
+            raise
+        finally:
+            if self._calls is not None:
+                self._calls.drain()  # its current status: seen on return
 
     async def list(self) -> list[str]:
         """The native ids of the pilot's jobs (``JobExecutor.list``)."""
