@@ -138,10 +138,14 @@ def test_logs_prints_the_files_a_job_named_and_refuses_an_unknown_id(pilot: Any,
     gone = cli("logs", "--rundir", rd, first)
     assert f"cannot read its stdout_path {tmp_path}/out-1.txt: No such file or directory" in gone.stderr, gone.stderr
 
+    assert cli("down", "--rundir", rd).returncode == 0
+    after = cli("logs", "--rundir", rd, second)  # the history keeps where its output went
+    assert after.stdout == "to file 2\n" and after.stderr.startswith("complaint 2\n"), after
+
     unknown = cli("logs", "--rundir", rd, "999")
     assert unknown.returncode == 1 and unknown.stdout == ""
     assert unknown.stderr.startswith("pilot logs: no job '999' in "), unknown.stderr
     assert "Traceback" not in unknown.stderr
 
-    refused = cli("submit", "--rundir", rd, "--no-output", str(tmp_path / "job.xml"))
+    refused = cli("submit", "--rundir", rd, "--no-output", str(tmp_path / "job.xml"))  # refused before connecting
     assert refused.returncode == 2 and "--no-output is for jobs from a command" in refused.stderr, refused.stderr

@@ -147,7 +147,7 @@ def _print_records(records: list[tuple[int, str, bytes]]) -> None:
 def _print_named_files(job_id: str, job: dict[str, Any] | None, lines: int) -> bool:
     """The last lines of the stdout and stderr files the job named, read where they are (a path on a
     node's own disk is not readable from here: said so)."""
-    description = (job or {}).get("description")
+    description = (job or {}).get("description") or (job or {}).get("files")  # live, or kept in the history
     if not isinstance(description, dict):
         return False
     base = str(description.get("directory") or description.get("submit_directory") or "")
