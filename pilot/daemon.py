@@ -33,6 +33,7 @@ from pilot.endpoints import EndpointError, Endpoints
 from pilot.journal_guard import RESERVE_MAX, JournalGuard
 from pilot.launchers import LAUNCHERS
 from pilot.launchers.mpirun import MpirunLauncher
+from pilot.model import output_stream
 from pilot.parking import Parking, is_submit
 from pilot.rundir import AbandonedSubmits, RunDir
 from pilot.stalls import BEAT, StallMeter
@@ -163,6 +164,8 @@ class Daemon:
                 if resuming:
                     await self._resume(recovered)
                 else:
+                    # A new life: job ids start again at 1, so the last life's output is moved aside.
+                    await anyio.to_thread.run_sync(output_stream.retire, self.rundir.agents_dir)
                     await self._bind_agents()
                     self.core.outbox.journal.meta("agent_url", self.endpoints.agent_url)
                     refused = await self.acquisition.acquire_initial()

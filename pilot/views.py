@@ -92,7 +92,16 @@ def history_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[dict[str, Any]]:
     """The journal's job rows (``Store.job_rows``) as 'pilot jobs' rows with their Delivered: what
     the accounting record (:mod:`pilot.history`) keeps when the pilot stops."""
     for raw in rows:
-        yield _stored_row(*raw) | {"delivered": raw[6]}
+        yield _stored_row(*raw) | {"delivered": raw[6], "files": _files(raw[1])}
+
+
+#: What of a job's description the history keeps for 'pilot logs' after the pilot is gone: where its
+#: output went (not the rest: its environment may hold secrets).
+_FILE_KEYS = ("stdout_path", "stderr_path", "directory", "submit_directory")
+
+
+def _files(desc: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k in _FILE_KEYS if isinstance(v := desc.get(k), str) and v}
 
 
 def _live_row(job: JobRecord) -> dict[str, Any]:

@@ -56,7 +56,8 @@ def test_2000_streamed_echo_tasks_leave_a_file_per_node_and_every_line_reads_bac
 
         wait_for(read_back, 10, f"job {native_id}'s line")
     proc = pilot.cli("logs", str(jobs[1234].native_id))
-    assert proc.stdout == "line 1234\n" and proc.stderr == ""
+    assert proc.stdout == "line 1234\n"
+    assert proc.stderr == f"pilot logs: job {jobs[1234].native_id} COMPLETED, exit 0\n"  # how it ended, apart
 
 
 def test_a_job_streams_by_its_custom_attribute_ranks_and_streams_apart_and_logs_follows_it(
@@ -102,7 +103,9 @@ def test_a_job_streams_by_its_custom_attribute_ranks_and_streams_apart_and_logs_
     out, err = follow.communicate(timeout=60)
     assert follow.returncode == 0, err
     assert sorted(out.splitlines()) == ["late 0", "late 1", "out 0", "out 1"]
-    assert sorted(err.splitlines()) == ["err 0", "err 1"]
+    *errs, ended = err.splitlines()
+    assert sorted(errs) == ["err 0", "err 1"]
+    assert ended == f"pilot logs: job {native_id} COMPLETED, exit 0"
 
 
 def test_a_bad_stream_output_attribute_is_refused(start_pilot: Callable[..., Pilot]) -> None:

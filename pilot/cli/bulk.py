@@ -14,6 +14,7 @@ from typing import Any
 from pilot import config as config_mod
 from pilot.cli.common import fail
 from pilot.model.job_description import RUN_TAG
+from pilot.model.output_stream import STREAM_OUTPUT
 
 MAX_JOBS = 1_000_000
 _RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?", re.ASCII)
@@ -145,11 +146,12 @@ def check(job: Any, *, where: str) -> dict[str, Any]:
     return out
 
 
-def psij_job(job: dict[str, Any], *, run: str) -> Any:
-    """The PSI/J job of one checked job map, tagged with its run."""
+def psij_job(job: dict[str, Any], *, run: str, keep_output: bool = True) -> Any:
+    """The PSI/J job of one checked job map, tagged with its run. Its stdout and stderr, where it names no
+    file, go to the node's stream file ('pilot logs' reads them), or with ``keep_output=False`` nowhere."""
     import client as psij
 
-    custom: dict[str, Any] = {RUN_TAG: run}
+    custom: dict[str, Any] = {RUN_TAG: run, STREAM_OUTPUT: keep_output}
     if job.get("depends_on"):
         custom["depends_on"] = job["depends_on"]
     attributes = psij.JobAttributes(custom_attributes=custom)

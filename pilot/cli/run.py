@@ -20,6 +20,7 @@ from typing import Any
 
 from pilot.cli.common import add_target, duration_arg, fail, pilot_name, positive_int, rundir_of
 from pilot.model.job_description import RUN_TAG
+from pilot.model.output_stream import STREAM_OUTPUT
 
 
 def add_parsers(sub: Any) -> None:
@@ -45,6 +46,11 @@ def add_parsers(sub: Any) -> None:
         help="each task's walltime (JobAttributes.duration: 90, 10m, HH:MM:SS); default PSI/J's 10 minutes",
     )
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.add_argument(
+        "--no-output",
+        action="store_true",
+        help="discard the tasks' stdout and stderr (default: kept in the pilot's stream files; 'pilot logs ID')",
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="command per task (default: /bin/true)")
     run.set_defaults(func=run_cmd)
 
@@ -107,7 +113,8 @@ def run_cmd(args: argparse.Namespace) -> None:
         while (ex.pilot_status().get("allocation") or {}).get("state") == "starting" and time.monotonic() < deadline:
             time.sleep(0.05)
         t0 = t_submitted = time.monotonic()
-        attributes = psij.JobAttributes(custom_attributes={RUN_TAG: run_id})
+        # Output is kept where 'pilot logs' reads it (one stream file per node), unless asked not to.
+        attributes = psij.JobAttributes(custom_attributes={RUN_TAG: run_id, STREAM_OUTPUT: not args.no_output})
         if args.duration is not None:
             attributes.duration = timedelta(seconds=args.duration)
         jobs = [psij.Job(psij.JobSpec(executable=cmd[0], arguments=cmd[1:], attributes=attributes)) for _ in range(n)]
@@ -244,7 +251,10 @@ def _summary(
     )
     for j, s in failed[:5]:
         code_text = f"exit {s.exit_code}" if s.exit_code is not None else "no exit code"
-        print(f"  failed: job {j.native_id}: {code_text}: {s.message} ('pilot show {j.native_id}' for more)")
+        print(
+            f"  failed: job {j.native_id}: {code_text}: {s.message}"
+            f" ('pilot logs {j.native_id}' for its output, 'pilot show {j.native_id}' for more)"
+        )
     if len(failed) > 5:
         print(f"  ... and {len(failed) - 5} more: 'pilot jobs --run {run_id} --state FAILED'")
     if code:

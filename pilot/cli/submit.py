@@ -60,6 +60,12 @@ def add_parsers(sub: Any) -> None:
     sb.add_argument("--stdin", metavar="PATH")
     sb.add_argument("--stdout", metavar="PATH", help="where the job's output goes, e.g. out/{i}.txt")
     sb.add_argument("--stderr", metavar="PATH")
+    sb.add_argument(
+        "--no-output",
+        action="store_true",
+        help="discard the output no --stdout/--stderr file takes (default: kept in the pilot's stream files, "
+        "'pilot logs ID' prints it)",
+    )
     sb.add_argument("--launcher", choices=["single", "multiple", "mpirun", "srun"])
     sb.add_argument("--depends-on", metavar="DEP", help="e.g. 12, OnFailure:12, OnSuccess:name=prep")
     sb.add_argument("--run", help="the run these jobs belong to (default: a new one)")
@@ -115,6 +121,8 @@ def _submit_document(args: argparse.Namespace) -> None:
             "with --array, --each-line or --from-json for many",
             code=2,
         )
+    if args.no_output:
+        fail("--no-output is for jobs from a command; a job document says itself where its output goes", code=2)
     path = args.words[0]
     try:
         document = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
@@ -190,7 +198,7 @@ def _submit_commands(args: argparse.Namespace) -> None:
     if rundir.read_info() is None:
         fail(f"no pilot is running in {rundir.path} ('pilot ls' lists yours; 'pilot up' starts one)")
     with psij.JobExecutor.get_instance("pilot", url=str(rundir.path)) as ex:
-        jobs = [bulk.psij_job(s, run=run) for s in specs]
+        jobs = [bulk.psij_job(s, run=run, keep_output=not args.no_output) for s in specs]
         try:
             ex.submit_all(jobs)
         except psij.BatchSubmitException as exc:
@@ -249,6 +257,8 @@ def _wait(args: argparse.Namespace, jobs: list[Any], *, run: str | None) -> None
     else:
         print(", ".join(f"{v} {k}" for k, v in counts.items() if v or k == "completed"))
     if counts["failed"] or counts["canceled"]:
+        if not args.json:
+            print("pilot submit: 'pilot logs ID' prints a job's output and how it ended", file=sys.stderr, flush=True)
         raise SystemExit(1)
 
 

@@ -35,6 +35,21 @@ def stream_files(root: Path) -> list[Path]:
     return sorted(root.rglob(f"*{SUFFIX}")) if root.is_dir() else []
 
 
+def retire(root: Path) -> list[Path]:
+    """At a pilot's fresh start, when job ids start again at 1: the earlier life's stream files become
+    ``<node>.stream.earlier`` (replacing an older one), so that a new job's output is never read back
+    mixed with that of the earlier life's job of the same id. Returns the files renamed."""
+    retired = []
+    for path in stream_files(root):
+        target = path.with_name(path.name + ".earlier")
+        try:
+            path.replace(target)
+        except OSError:
+            continue  # not ours to move (or gone): readers then see it as before
+        retired.append(target)
+    return retired
+
+
 class Reader:
     """One job's records from a set of stream files, read incrementally: each :meth:`read` returns what
     was appended since the last (``follow`` by calling it again). ``job_id`` also matches the job's
@@ -110,4 +125,4 @@ def _next(unpacker: msgpack.Unpacker) -> tuple[str, int, str, bytes] | None:
     return (record[0], record[1], record[2], record[3])
 
 
-__all__ = ["MAX_RECORD", "STREAM_OUTPUT", "SUFFIX", "Reader", "pack", "stream_files"]
+__all__ = ["MAX_RECORD", "STREAM_OUTPUT", "SUFFIX", "Reader", "pack", "retire", "stream_files"]
