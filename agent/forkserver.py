@@ -95,9 +95,13 @@ def build(*, workdir: Path) -> str | None:
         return None
     key = hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]
     name = f"forkserver-{platform.machine()}-{key}"
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pilot-jobs"
+    directories = [workdir]
+    try:
+        directories.insert(0, Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pilot-jobs")
+    except RuntimeError:  # no home directory: the helper is built in the workdir, for this agent only
+        pass
     with _build_lock:  # one compile for the spawners of this process
-        for directory in (cache, workdir):
+        for directory in directories:
             exe = directory / name
             if _trusted(exe):
                 return str(exe)
@@ -110,7 +114,7 @@ def build(*, workdir: Path) -> str | None:
             )
             return None
         errors: list[str] = []
-        for directory in (cache, workdir):
+        for directory in directories:
             try:
                 directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             except OSError as exc:
