@@ -67,7 +67,12 @@ _build_lock = threading.Lock()
 
 
 class HelperGone(Exception):
-    """The helper ended or broke its protocol: its spawner starts a new one for the next order."""
+    """The helper ended or broke its protocol: its spawner starts a new one. ``sent``: the request may
+    have reached it (a task may have started); else it never did, and the order can go to the new one."""
+
+    def __init__(self, message: str, *, sent: bool = True) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 class SpawnError(OSError):
@@ -250,6 +255,9 @@ class ForkServer:
             self._sock.sendmsg(
                 [_LEN.pack(len(body)), body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
             )
+        except OSError as exc:  # (a stream socket takes all of it or, the helper gone, none: EPIPE)
+            raise HelperGone(f"the spawn helper is gone: {exc}", sent=False) from None
+        try:
             reply = self._sock.recv(_REPLY.size, socket.MSG_WAITALL)
         except OSError as exc:
             raise HelperGone(f"the spawn helper is gone: {exc}") from None

@@ -335,18 +335,21 @@ class Spawners:
         streams: tuple[int, int, int],
         cpus: set[int] | None,
     ) -> int:
-        """Start the task through the spawner's helper. One that has gone is replaced for the next order;
-        this one fails (whether its task started is unknown: never start it twice)."""
+        """Start the task through the spawner's helper. One that has gone is replaced; the order goes to
+        the new one if the old never got it, else it fails (its task may have started: never start it
+        twice), as it does when no new helper starts."""
         exe = argv[0]
         path = exe if "/" in exe else _which(exe, env)
         limits = _limit_settings(order.rlimits) if order.rlimits else []
         try:
             return helper.spawn(path, argv, env, cwd=cwd, streams=streams, cpus=cpus, limits=limits)
-        except HelperGone:
-            log.error("the spawn helper ended; starting another", job=order.job_id, slot=order.slot)
+        except HelperGone as exc:
+            log.error("the spawn helper ended; starting another", job=order.job_id, slot=order.slot, error=str(exc))
             helper.close()
             spawner.helper = self._start_helper()
-            raise
+            if exc.sent or spawner.helper is None:  # (without one, the next orders start from the agent)
+                raise
+        return spawner.helper.spawn(path, argv, env, cwd=cwd, streams=streams, cpus=cpus, limits=limits)
 
     def _environment(self, order: ProcessOrder) -> dict[str, str]:
         """The task's environment: :func:`environment.build` with the rank's variables last, then the

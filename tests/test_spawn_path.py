@@ -5,6 +5,7 @@ task processes that report what they see."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import Pilot
 
@@ -180,3 +182,32 @@ def test_without_a_compiler_the_agent_spawns_tasks_itself(
     assert not list(cache.glob("pilot-jobs/forkserver-*")), "a helper was built without a compiler"
     # Started from the agent's own address space: its size counts (what the helper avoids).
     assert int((st.metadata or {})["max_rss"]) > 2 << 20
+
+
+@pytest.mark.timeout(90)
+def test_a_killed_helper_is_replaced_and_the_next_task_starts_through_the_new_one(
+    start_pilot: Callable[..., Pilot],
+) -> None:
+    """A helper that died before it got the order: the order goes to a new helper, not to a failure."""
+    p = start_pilot('[allocation]\nlrm = "local"\nnodes = 1\ncores_per_node = 1\n')
+    ex = p.executor()
+    assert run(ex, psij.JobSpec(executable="/bin/true")).state is JobState.COMPLETED
+    (agent,) = [c for c in psutil.Process(p.pid).children() if "agent" in " ".join(c.cmdline())]
+
+    def helpers() -> list[psutil.Process]:
+        out = []
+        for c in agent.children():
+            with contextlib.suppress(psutil.Error):
+                if os.path.basename(c.cmdline()[0]).startswith("forkserver-") and c.status() != "zombie":
+                    out.append(c)
+        return out
+
+    killed = helpers()
+    assert killed, "no spawn helper runs"
+    for h in killed:
+        h.kill()
+    psutil.wait_procs(killed, timeout=10)
+    st = run(ex, psij.JobSpec(executable="/bin/true"))
+    assert st.state is JobState.COMPLETED, st
+    assert int((st.metadata or {})["max_rss"]) <= 2 << 20, "not started through a new helper"
+    assert {h.pid for h in helpers()}.isdisjoint(h.pid for h in killed)
