@@ -87,6 +87,7 @@ class SpawnError(OSError):
 
 
 def enabled() -> bool:
+    """Whether tasks start through helpers (the default) rather than from the agent's process."""
     return os.environ.get(ENV_FORKSERVER, "").strip().lower() not in ("0", "no", "false", "off")
 
 
@@ -145,7 +146,10 @@ def _trusted(exe: Path) -> bool:
 def _compile(compiler: str, target: Path) -> str | None:
     """Compile the helper to ``target`` (static when the C library allows, so it maps no shared
     library: a smaller start for every task); None, or what went wrong."""
-    fd, tmp = tempfile.mkstemp(prefix=".forkserver-", dir=target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".forkserver-", dir=target.parent)
+    except OSError as exc:
+        return f"{target.parent}: {exc}"
     os.close(fd)
     error = ""
     try:
@@ -162,8 +166,11 @@ def _compile(compiler: str, target: Path) -> str | None:
             except (OSError, subprocess.TimeoutExpired) as exc:
                 return f"{compiler}: {exc}"
             if done.returncode == 0:
-                os.chmod(tmp, 0o700)
-                os.replace(tmp, target)  # atomic: agents sharing the cache see all of it or none
+                try:
+                    os.chmod(tmp, 0o700)
+                    os.replace(tmp, target)  # atomic: agents sharing the cache see all of it or none
+                except OSError as exc:
+                    return f"{target}: {exc}"
                 return None
             error = done.stderr.strip()[-2000:]
         return f"{compiler} failed: {error}"
