@@ -19,6 +19,7 @@ tasks itself as before and logs why: the tasks' ``max_rss`` then includes the ag
 from __future__ import annotations
 
 import array
+import errno
 import hashlib
 import os
 import platform
@@ -47,10 +48,12 @@ _REPLY: Final = struct.Struct("3i")
 _HEAD: Final = struct.Struct("4I")
 _LIMIT: Final = struct.Struct("IIQQ")
 _LEN: Final = struct.Struct("I")
+_MAX_BODY: Final = 64 << 20  # forkserver.c's MAX_BODY
 _EXIT_WAIT: Final = 2.0  # seconds a closed helper gets to exit
 
 # The steps forkserver.c names in a failed reply (its STEP_ constants).
 _STEP_REQUEST: Final = 1
+_STEP_EXEC: Final = 7
 STEP_RLIMIT: Final = 3
 _STEP_NAMES: Final = {
     1: "request",
@@ -243,9 +246,12 @@ class ForkServer:
         if "=" in "".join(env):
             raise ValueError("illegal environment variable name")
         parts.append(os.fsencode(text) + b"\0")
+        body = b"".join(parts)
+        if len(body) > _MAX_BODY:  # (the helper would end at such a request; exec would refuse it anyway)
+            raise SpawnError(errno.E2BIG, _STEP_EXEC)
         devnull = self._devnull
         fds = tuple(devnull if fd == subprocess.DEVNULL else fd for fd in streams)
-        pid, err, step = self._ask(b"".join(parts), fds)
+        pid, err, step = self._ask(body, fds)
         if err:
             if pid > 0:
                 try:
