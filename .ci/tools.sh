@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # .ci/tools.sh -- the terminal and browser the CLI's tests drive, as root, before pytest runs:
 #   * tmux: tests/test_cli_top.py runs 'pilot top' in a detached session and reads its pane,
-#   * chromium (Debian's): tests/test_cli_report.py opens 'pilot report''s page headless.
+#   * chromium (Debian's): tests/test_cli_report.py opens 'pilot report''s page headless,
+#   * a C compiler: the agent builds its spawn helper (agent/forkserver.c; tests/test_spawn_path.py).
 # Idempotent: installs only what is missing.
 set -euo pipefail
 log() { echo ".ci/tools.sh: $*" >&2; }
@@ -10,6 +11,7 @@ log() { echo ".ci/tools.sh: $*" >&2; }
 missing=()
 command -v tmux >/dev/null || missing+=(tmux)
 command -v chromium >/dev/null || missing+=(chromium)
+command -v cc >/dev/null || missing+=(gcc libc6-dev)
 if [ "${#missing[@]}" -gt 0 ]; then
     log "installing ${missing[*]} (apt-get) ..."
     export DEBIAN_FRONTEND=noninteractive
@@ -20,3 +22,4 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 tmux -V >&2
 chromium --version >&2
+cc --version | head -n 1 >&2

@@ -1,8 +1,9 @@
 """Spawner threads: orders become processes off the event loop.
 
-``posix_spawn`` without a shell, new session so the whole tree can be signalled (and marked, so that what
+Through the spawner's helper (:mod:`agent.forkserver`, so that a task's max_rss is its own), else
+``posix_spawn``; without a shell, new session so the whole tree can be signalled (and marked, so that what
 leaves that session is found too: :mod:`agent.trees`), pinned by the spawning
-thread's own affinity, which the child inherits: one spawner per real cpu that one-cpu orders use,
+thread's own affinity, which the child (and the helper) inherits: one spawner per real cpu that one-cpu orders use,
 pinned to it once and for all, and one general spawner that sets its affinity around each order that
 spans several cpus. With pidfds, a pinned spawner whose cpu is one declared core waits for its task
 itself, and starts the order that waited for that core right after, on the same thread: no hand-over to
@@ -39,7 +40,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
-from agent import environment
+from agent import environment, forkserver
+from agent.forkserver import ForkServer, HelperGone, SpawnError
 from agent.output_streams import StreamCollector
 from agent.table import Running
 from agent.trees import MARK
@@ -85,6 +87,7 @@ class _Spawner:
     child: int | None = None  # what it started and waits for next
     cwd: str | None = None  # the thread's cwd, once it changed it
     dirs: dict[str, str] = field(default_factory=dict)  # an order's directory -> the task's cwd
+    helper: ForkServer | None = None  # what starts its tasks (agent.forkserver); None: it does itself
 
 
 class Spawners:
@@ -125,6 +128,11 @@ class Spawners:
         self._base_env = environment.inherited()
         self._tags = itertools.count(1)  # (next() is atomic: the spawners share it)
         self._mark = mark
+        #: The spawn helper's executable (each spawner starts one: agent.forkserver); None: spawners start
+        #: tasks from the agent's own process, whose size then counts in every task's max_rss.
+        self._helper_exe = forkserver.build(workdir=workdir) if forkserver.enabled() else None
+        if self._helper_exe is None and not forkserver.enabled():
+            log.info("spawning tasks from the agent's process", setting=f"{forkserver.ENV_FORKSERVER}=0")
         self.thread = threading.Thread(target=self._loop, name="pilot-spawner", daemon=True)
 
     def hand(self, order: ProcessOrder, *, stopping: bool) -> None:
@@ -177,8 +185,27 @@ class Spawners:
             except OSError as exc:
                 log.warning("cannot pin a spawner thread; pinning per order", cpu=cpu, error=str(exc))
                 cpu = None
-        engine = self._engine
         spawner = _Spawner(pinned=cpu is not None, own_cwd=_own_cwd(), reaps=cpu in self._own_reaping)
+        spawner.helper = self._start_helper()
+        try:
+            self._serve(queue, spawner)
+        finally:
+            if spawner.helper is not None:
+                spawner.helper.close()
+
+    def _start_helper(self) -> ForkServer | None:
+        """The calling spawner's helper (pinned like the thread), or None to spawn from this process."""
+        if self._helper_exe is None:
+            return None
+        _seal_fds()  # (the helper closes every fd above its socket, where the kernel has close_range)
+        try:
+            return ForkServer(self._helper_exe, devnull=self.devnull)
+        except (OSError, HelperGone) as exc:
+            log.warning("cannot start the spawn helper; spawning from the agent's process", error=str(exc))
+            return None
+
+    def _serve(self, queue: SimpleQueue[ProcessOrder | None], spawner: _Spawner) -> None:
+        engine = self._engine
         while True:
             order = queue.get()
             if order is None:
@@ -237,13 +264,17 @@ class Spawners:
                 streams = _NO_STREAMS
             else:
                 streams = self._streams(order, cwd, files)
+            helper = spawner.helper
             pin = not spawner.pinned and bool(order.cores)
-            if pin:
+            if pin and helper is None:
                 os.sched_setaffinity(0, {self._cpu_map.get(c, c) for c in order.cores})
             try:
                 t0, m0 = time.time(), time.monotonic()
                 popen = None
-                if spawner.own_cwd and not order.rlimits:
+                if helper is not None:
+                    cpus = {self._cpu_map.get(c, c) for c in order.cores} if pin else None
+                    pid = self._helper_spawn(spawner, helper, order, argv, cwd, env, streams, cpus)
+                elif spawner.own_cwd and not order.rlimits:
                     pid = self._posix_spawn(spawner, argv, cwd, env, streams)
                 else:
                     popen = subprocess.Popen(
@@ -259,13 +290,20 @@ class Spawners:
                     )
                     pid = popen.pid
             finally:
-                if pin:
+                if pin and helper is None:
                     os.sched_setaffinity(0, self._all_cpus)
         except _OpenError as exc:
             self._engine._emit(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": str(exc)}))
             return False
         except subprocess.SubprocessError as exc:  # a limit the kernel refused in the child
             message = f"setting the ResourceLimits {order.rlimits} failed: {exc}"
+            self._engine._emit(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": message}))
+            return False
+        except SpawnError as exc:
+            if exc.step == forkserver.STEP_RLIMIT:
+                message = f"setting the ResourceLimits {order.rlimits} failed: {exc.strerror}"
+            else:
+                message = self._explain(exc, argv, cwd, env)
             self._engine._emit(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": message}))
             return False
         except OSError as exc:
@@ -285,6 +323,33 @@ class Spawners:
         if self._engine._started(ref, run, started, reaps=spawner.reaps and popen is None):
             spawner.child = pid
         return True
+
+    def _helper_spawn(
+        self,
+        spawner: _Spawner,
+        helper: ForkServer,
+        order: ProcessOrder,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        streams: tuple[int, int, int],
+        cpus: set[int] | None,
+    ) -> int:
+        """Start the task through the spawner's helper. One that has gone is replaced; the order goes to
+        the new one if the old never got it, else it fails (its task may have started: never start it
+        twice), as it does when no new helper starts."""
+        exe = argv[0]
+        path = exe if "/" in exe else _which(exe, env)
+        limits = _limit_settings(order.rlimits) if order.rlimits else []
+        try:
+            return helper.spawn(path, argv, env, cwd=cwd, streams=streams, cpus=cpus, limits=limits)
+        except HelperGone as exc:
+            log.error("the spawn helper ended; starting another", job=order.job_id, slot=order.slot, error=str(exc))
+            helper.close()
+            spawner.helper = self._start_helper()
+            if exc.sent or spawner.helper is None:  # (without one, the next orders start from the agent)
+                raise
+        return spawner.helper.spawn(path, argv, env, cwd=cwd, streams=streams, cpus=cpus, limits=limits)
 
     def _environment(self, order: ProcessOrder) -> dict[str, str]:
         """The task's environment: :func:`environment.build` with the rank's variables last, then the
@@ -355,11 +420,11 @@ class Spawners:
         if not os.path.isdir(cwd):
             return f"directory {cwd!r} does not exist on node {node}"
         exe = argv[0]
-        if isinstance(exc, FileNotFoundError):
+        if exc.errno == errno.ENOENT:
             if "/" in exe:
                 return f"executable {exe!r} not found on node {node} (relative to {cwd!r})"
             return f"executable {exe!r} not found in PATH on node {node} (PATH={env.get('PATH', os.defpath)})"
-        if isinstance(exc, PermissionError):
+        if exc.errno in (errno.EACCES, errno.EPERM):
             return f"executable {exe!r} cannot be run on node {node}: permission denied"
         return f"cannot start {exe!r} on node {node}: {exc.strerror or exc}"
 
@@ -394,6 +459,17 @@ def _open(path: str | None, cwd: str, mode: str, files: list[int], what: str) ->
 def _limits(rlimits: list[list[Any]]) -> Callable[[], None]:
     """SSS ResourceLimits, set in the child between fork and exec so they hold from the first
     instruction (only orders that carry limits pay for the preexec path; the others keep vfork)."""
+    settings = _limit_settings(rlimits)
+
+    def apply() -> None:
+        for res, limits in settings:
+            resource.setrlimit(res, limits)
+
+    return apply
+
+
+def _limit_settings(rlimits: list[list[Any]]) -> list[tuple[int, tuple[int, int]]]:
+    """SSS ResourceLimits as ``setrlimit`` arguments; _OpenError for a hard limit only root may raise."""
     settings = []
     for name, soft, hard in rlimits:
         res = getattr(resource, name)
@@ -408,12 +484,7 @@ def _limits(rlimits: list[list[Any]]) -> Callable[[], None]:
         if h != resource.RLIM_INFINITY and (sv == resource.RLIM_INFINITY or sv > h):
             sv = h
         settings.append((res, (sv, h)))
-
-    def apply() -> None:
-        for res, limits in settings:
-            resource.setrlimit(res, limits)
-
-    return apply
+    return settings
 
 
 def _own_cwd() -> bool:

@@ -23,7 +23,9 @@ that called ``setsid`` (or double-forked into a session of its own, as daemons d
   for "any child" (it would take a pinned spawner's); this thread looks for an exited child every second
   (sooner after a kill) with ``waitid(WNOWAIT)``, and reaps it through a pidfd when it is no task of the
   engine's and no spawner is starting one (which could be that child, not in the table yet). The engine
-  owns every child of its process: the agent starts no other (see :mod:`agent.probe`).
+  owns every child of its process: the agent starts no other (see :mod:`agent.probe`). The spawners'
+  helpers (:mod:`agent.forkserver`) are its children too, unmarked: never adopted nor killed here, they
+  end when their spawner closes their socket (and one that exited early is reaped here like an adopted one).
 
 Why marks and a subreaper, not a cgroup per task: a writable, delegated cgroup v2 is rare on batch nodes
 (the LRM owns the job's cgroup; many sites still run cgroup v1), while this needs nothing of the site but

@@ -4,6 +4,7 @@ sentinel child). Both must take every exit exactly once, with its code and rusag
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -24,6 +25,11 @@ def agent_of(pilot: Pilot) -> psutil.Process:
 
 def sentinels(agent: psutil.Process) -> list[psutil.Process]:
     return [c for c in agent.children() if c.cmdline()[:3] == ["/bin/sh", "-c", "read _"]]
+
+
+def helpers(agent: psutil.Process) -> list[psutil.Process]:
+    """The spawners' helpers (agent.forkserver): children of the agent for its whole life."""
+    return [c for c in agent.children() if os.path.basename(c.cmdline()[0]).startswith("forkserver-")]
 
 
 @pytest.mark.parametrize("mode", ["pidfd", "wait4"])
@@ -70,8 +76,12 @@ def test_a_mixed_burst_is_reaped_exactly_once(
     ends(long, psij.JobState.CANCELED)
     status = ends(timed, psij.JobState.FAILED, timeout=30)
     assert "walltime" in str(status.message), status
-    # Every exit was taken: the agent has no child left but its sentinel, and nothing runs twice.
-    wait_for(lambda: len(agent.children()) == len(sentinels(agent)), what="the agent's children to be reaped")
+    # Every exit was taken: the agent has no child left but its sentinel and helpers, and nothing runs twice.
+    assert helpers(agent), "no spawn helper: the tasks were spawned from the agent's process"
+    wait_for(
+        lambda: len(agent.children()) == len(sentinels(agent)) + len(helpers(agent)),
+        what="the agent's children to be reaped",
+    )
     assert not [c for c in agent.children() if c.status() == psutil.STATUS_ZOMBIE]
     ok = sum(1 for _, code in expected if code == 0)
     assert ex.pilot_status()["jobs"] == {"COMPLETED": ok, "FAILED": len(expected) - ok + 1, "CANCELED": 1}

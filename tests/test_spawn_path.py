@@ -1,17 +1,23 @@
-"""What a task gets from the agent's spawn path (posix_spawn from per-cpu spawner threads, each with its
-own cwd, or Popen): exactly the process Popen would have made. Real pilots, real task processes that
-report what they see."""
+"""What a task gets from the agent's spawn path (each spawner thread's helper, agent.forkserver; or, with
+``PILOT_AGENT_FORKSERVER=0``, posix_spawn from per-cpu spawner threads, each with its own cwd, or
+Popen): exactly the process Popen would have made, and a Delivered max_rss of its own. Real pilots, real
+task processes that report what they see."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import stat
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import Pilot
 
@@ -44,6 +50,16 @@ json.dump({
 """
 
 
+@pytest.fixture(params=["helper", "agent"])
+def spawn_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both spawn paths: the helper's (the default), and the agent's own (what agents fall back to)."""
+    if request.param == "agent":
+        monkeypatch.setenv("PILOT_AGENT_FORKSERVER", "0")
+    else:
+        monkeypatch.delenv("PILOT_AGENT_FORKSERVER", raising=False)
+    return str(request.param)
+
+
 def run(ex: psij.JobExecutor, spec: psij.JobSpec) -> psij.JobStatus:
     job = psij.Job(spec)
     ex.submit(job)
@@ -54,7 +70,7 @@ def run(ex: psij.JobExecutor, spec: psij.JobSpec) -> psij.JobStatus:
 
 @pytest.mark.timeout(90)
 def test_tasks_get_their_directory_only_fds_0_to_2_default_sigpipe_own_session_and_one_core(
-    start_pilot: Callable[..., Pilot], tmp_path: Path
+    start_pilot: Callable[..., Pilot], tmp_path: Path, spawn_path: str
 ) -> None:
     ex = start_pilot(TWO_CORES).executor()
     dirs = [tmp_path / "a", tmp_path / "b", tmp_path / "a"]  # the spawner's cwd moves, and back
@@ -78,7 +94,9 @@ def test_tasks_get_their_directory_only_fds_0_to_2_default_sigpipe_own_session_a
 
 
 @pytest.mark.timeout(60)
-def test_tasks_do_not_inherit_the_signals_python_ignores(start_pilot: Callable[..., Pilot], tmp_path: Path) -> None:
+def test_tasks_do_not_inherit_the_signals_python_ignores(
+    start_pilot: Callable[..., Pilot], tmp_path: Path, spawn_path: str
+) -> None:
     ex = start_pilot(TWO_CORES).executor()
     out = tmp_path / "sigign"
     st = run(ex, psij.JobSpec(executable="/bin/sh", arguments=["-c", f"grep SigIgn /proc/$$/status > {out}"]))
@@ -117,3 +135,79 @@ def test_a_missing_directory_fails_the_task_and_the_next_one_still_runs(
     ok = tmp_path / "ok"
     st = run(ex, psij.JobSpec(executable="/bin/sh", arguments=["-c", f"pwd > {ok}"], directory=str(tmp_path)))
     assert st.state is JobState.COMPLETED and ok.read_text().strip() == str(tmp_path)
+
+
+def _time_v_max_rss(argv: list[str]) -> int | None:
+    """``/usr/bin/time -v``'s maximum resident set size of ``argv``, in bytes (None without GNU time)."""
+    time_v = shutil.which("time", path="/usr/bin:/bin")
+    if time_v is None:
+        return None
+    done = subprocess.run([time_v, "-v", *argv], capture_output=True, text=True, timeout=30, check=False)
+    found = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
+    return int(found.group(1)) * 1024 if found else None
+
+
+@pytest.mark.timeout(90)
+def test_delivered_max_rss_is_the_tasks_own_not_the_agents(start_pilot: Callable[..., Pilot]) -> None:
+    """Issue 20, defect 8: a task spawned from the agent's own address space reported the agent's
+    high-water RSS (~33 MiB for /bin/true); through the helper it reports its own."""
+    ex = start_pilot(TWO_CORES).executor()
+    st = run(ex, psij.JobSpec(executable="/bin/true"))
+    assert st.state is JobState.COMPLETED, st
+    small = int((st.metadata or {})["max_rss"])
+    assert 0 < small <= 2 << 20, f"/bin/true reported max_rss {small / 2**20:.1f} MiB"
+    reference = _time_v_max_rss(["/bin/true"])
+    if reference is not None:
+        assert abs(small - reference) <= 1 << 20, (small, reference)
+    # Written, not only reserved: 200 MiB really resident.
+    code = "b = bytearray(200 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1"
+    st = run(ex, psij.JobSpec(executable=sys.executable, arguments=["-c", code]))
+    assert st.state is JobState.COMPLETED, st
+    big = int((st.metadata or {})["max_rss"])
+    assert 200 << 20 <= big < 1 << 30, f"a 200 MiB task reported max_rss {big / 2**20:.1f} MiB"
+
+
+@pytest.mark.timeout(90)
+def test_without_a_compiler_the_agent_spawns_tasks_itself(
+    start_pilot: Callable[..., Pilot], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No helper can be built (no C compiler, nothing cached): tasks still run, from the agent's process."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    ex = start_pilot(TWO_CORES).executor()
+    out = tmp_path / "ran"
+    st = run(ex, psij.JobSpec(executable="/bin/sh", arguments=["-c", f"echo ran > {out}"]))
+    assert st.state is JobState.COMPLETED and out.read_text() == "ran\n", st
+    assert not list(cache.glob("pilot-jobs/forkserver-*")), "a helper was built without a compiler"
+    # Started from the agent's own address space: its size counts (what the helper avoids).
+    assert int((st.metadata or {})["max_rss"]) > 2 << 20
+
+
+@pytest.mark.timeout(90)
+def test_a_killed_helper_is_replaced_and_the_next_task_starts_through_the_new_one(
+    start_pilot: Callable[..., Pilot],
+) -> None:
+    """A helper that died before it got the order: the order goes to a new helper, not to a failure."""
+    p = start_pilot('[allocation]\nlrm = "local"\nnodes = 1\ncores_per_node = 1\n')
+    ex = p.executor()
+    assert run(ex, psij.JobSpec(executable="/bin/true")).state is JobState.COMPLETED
+    (agent,) = [c for c in psutil.Process(p.pid).children() if "agent" in " ".join(c.cmdline())]
+
+    def helpers() -> list[psutil.Process]:
+        out = []
+        for c in agent.children():
+            with contextlib.suppress(psutil.Error):
+                if os.path.basename(c.cmdline()[0]).startswith("forkserver-") and c.status() != "zombie":
+                    out.append(c)
+        return out
+
+    killed = helpers()
+    assert killed, "no spawn helper runs"
+    for h in killed:
+        h.kill()
+    psutil.wait_procs(killed, timeout=10)
+    st = run(ex, psij.JobSpec(executable="/bin/true"))
+    assert st.state is JobState.COMPLETED, st
+    assert int((st.metadata or {})["max_rss"]) <= 2 << 20, "not started through a new helper"
+    assert {h.pid for h in helpers()}.isdisjoint(h.pid for h in killed)
