@@ -23,7 +23,7 @@ from pilot.model.node import NodeConfigured
 from pilot.request import Request
 from pilot.scheduler import NodeSlots, never_fits
 from pilot.scheduler.attributes import ConsumableLedger
-from pilot.scheduler.cluster import Cluster
+from pilot.scheduler.cluster import Cluster, idle_cluster
 from pilot.scheduler.distribution import Resources, why_not
 from pilot.scheduler.matching import Matcher
 from pilot.scheduler.passes import AllocationPass
@@ -69,10 +69,12 @@ class NodeBook:
         self.matcher = Matcher(cluster)
         self.resources = Resources(self.slots, {}, ConsumableLedger.of(cluster.global_capacity))
         self._fits: dict[Any, list[str]] = {}  # request category -> why it can never fit, per node set
+        self._idle: Matcher | None = None  # matching on the nodes as they measure idle, per node set
 
     def invalidate(self) -> None:
         """The node sets changed: what can ever fit is judged again."""
         self._fits.clear()
+        self._idle = None
 
     def register(self, node: NodeConfigured) -> AgentRecord:
         self.invalidate()
@@ -102,7 +104,7 @@ class NodeBook:
             m = self.cluster.nodes.get(agent.name)
             if m is not None:
                 before = m.values.version
-                m.values.report_load(self.cluster.registry, values)
+                m.report_load(self.cluster.registry, values)
                 if m.values.version != before:
                     self.cluster.touch()
         if utilized is not None:
@@ -198,8 +200,9 @@ class NodeBook:
 
     def never_fits(self, request: Request) -> list[str]:
         """Why the request can never run here (empty: it may), judged once per request category while
-        the node sets stay the same: per submitted job it would cost O(nodes) on the submit path. A job
-        runs inside one allocation: it fits if it fits one of them (even idle)."""
+        the node sets stay the same (per submitted job it would cost O(nodes) on the submit path), on the
+        nodes' facts and their load values as an idle node measures them. A job runs inside one
+        allocation: it fits if it fits one of them (even idle)."""
         key = request.category
         reasons = self._fits.get(key)
         if reasons is not None:
@@ -212,9 +215,10 @@ class NodeBook:
             assert request.resolved is not None
             if not self._complete():
                 return []  # judged when explained, not refused on a guess
-            per_allocation = [
-                why_not(request.resolved, self.matcher, g.resources, idle=True) for g in self.allocation_slots()
-            ]
+            idle = self._idle
+            if idle is None:  # a load value is judged at its idle value: a busy node may still take it later
+                idle = self._idle = Matcher(idle_cluster(self.cluster), idle=True)
+            per_allocation = [why_not(request.resolved, idle, g.resources, idle=True) for g in self.allocation_slots()]
             reasons = [] if not per_allocation or not all(per_allocation) else per_allocation[0]
         self._fits[key] = reasons
         return reasons

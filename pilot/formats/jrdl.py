@@ -10,8 +10,8 @@ definitions are seen by everything inside that element (a job's own replace the 
 definition may use the ones before it, and a later one of the same name replaces an earlier one.
 
 The reader is strict: an element it does not know, or one it knows but this pilot cannot honour yet
-(file staging, co-allocation, clock speed), is refused naming the element and its line, so nothing a
-user wrote is silently dropped. The XML itself is parsed by :mod:`pilot.formats.xml` (defusedxml: no
+(co-allocation), is refused naming the element and its line, so nothing a user wrote is silently
+dropped. The XML itself is parsed by :mod:`pilot.formats.xml` (defusedxml: no
 DTDs, entities or external references). :func:`write_jrdl` writes one job resolved (no references
 left), which is what the journal keeps to rebuild it after a restart.
 """
@@ -117,6 +117,7 @@ class Resource:
     min_storage_available: int | None = None
     min_free_cpu: int | None = None
     load: tuple[tuple[str, int], ...] = ()  # ("last1Min", 10), ...: % availability at least
+    clock_mhz: int | None = None  # processor clockSpeed at least
     scheduling_type: str | None = None
     scheduling_plugin: str | None = None
 
@@ -485,8 +486,9 @@ def _executable(el: XmlElement, kids: dict[str, XmlElement], scope: _Scope, wher
 
 def _resource(el: XmlElement, scope: _Scope) -> Resource:
     kids = _children(el, _RESOURCE_TAGS, scope)
+    clock = None
     if (p := kids.get("processor")) is not None:
-        raise _err("processor clockSpeed cannot be honoured: the nodes do not report their clock; leave it out", p)
+        clock = _integer(_one(p, "clockSpeed"))
     os_name = None
     if (o := kids.get("operatingSystem")) is not None:
         os_name = _string(_one(_one(o, "name"), "string"), scope).strip()
@@ -539,6 +541,7 @@ def _resource(el: XmlElement, scope: _Scope) -> Resource:
         min_storage_available=storage,
         min_free_cpu=_integer(f) if (f := kids.get("minFreeCPU")) is not None else None,
         load=tuple(load),
+        clock_mhz=clock,
         scheduling_type=scheduling_type,
         scheduling_plugin=scheduling_plugin,
     )
@@ -675,6 +678,8 @@ def write_jrdl(job: JrdlJob) -> str:
         res.append(_i("count", r.count))
     if r.os_name is not None:
         res.append(Node("operatingSystem", children=[Node("name", children=[_s("string", r.os_name)])]))
+    if r.clock_mhz is not None:
+        res.append(Node("processor", children=[_i("clockSpeed", r.clock_mhz)]))
     memory = [
         _i(t, v) for t, v in (("minRAMAvailable", r.min_ram_available), ("minRAMSize", r.min_ram_size)) if v is not None
     ]

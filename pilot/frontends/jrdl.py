@@ -20,7 +20,9 @@ ones SSS jobs have; what SSS has no word for is added to the request after:
 - ``jobStartTime`` and ``jobStartBefore``: the request's ``not_before`` and ``start_within``.
 - Resource attributes become SSS node requirements on the agents' facts: ``operatingSystem`` on
   ``opsys``, ``minRAMAvailable``/``minRAMSize`` on ``mem_free``/``mem_total``, ``minStorageAvailable``
-  on ``disk_free``, ``minFreeCPU`` on ``num_proc``, ``processorLoad`` on ``np_load_*``.
+  on ``disk_free``, ``minFreeCPU`` on ``free_proc`` (the processors the last minute's load leaves free),
+  ``processorLoad`` on ``np_load_*``, ``processor clockSpeed`` on ``clock_mhz``. Those on load values
+  wait while a node is busy; only what no node could meet even idle is refused at submit.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ SUBMITTER_KEY: Final = "submitter"
 LAUNCHERS: Final = {"single": "multiple", "htc": "multiple", "xmpi": "mpirun"}
 #: processorLoad's windows and the node load value (per processor) each is read from.
 LOAD_VALUES: Final = {"last1Min": "np_load_short", "last5Min": "np_load_medium", "last15Min": "np_load_long"}
+#: Among the nodes that meet a job's minimums, placement prefers the best, in turn: the fastest
+#: processor clock, then the most processors the load leaves free, then the most free memory
+#: (a node that does not report one ranks last on it; equal nodes in registration order).
+BEST: Final = (("clock_mhz", True), ("free_proc", True), ("mem_free", True))
 
 
 def compile_entry(raw: dict[str, Any], *, cluster: Cluster) -> Submission:
@@ -205,8 +211,10 @@ def _requirements(job: JrdlJob) -> tuple[list[Property], list[Property]]:
         items.append(attribute("mem_total", f"{r.min_ram_size}M"))
     if r.min_storage_available is not None:
         items.append(attribute("disk_free", f"{r.min_storage_available}M"))
-    if r.min_free_cpu is not None:
-        requested.append(attribute("num_proc", str(r.min_free_cpu), "GE"))
+    if r.min_free_cpu is not None:  # processors the load leaves free, not the node's count
+        requested.append(attribute("free_proc", str(r.min_free_cpu), "GE"))
+    if r.clock_mhz is not None:  # a node whose clock is unknown does not meet it
+        requested.append(attribute("clock_mhz", str(r.clock_mhz), "GE"))
     for window, pct in r.load:  # at least pct % available: the load per processor at most 1 - pct/100
         items.append(attribute(LOAD_VALUES[window], f"{(100 - pct) / 100:g}"))
     return items, requested
@@ -241,7 +249,10 @@ def prepare(job: JrdlJob, cluster: Cluster) -> Request:
             resolved,
             where=job.where,
             variants=tuple(
-                tuple(dataclasses.replace(tg, where=x.where) for tg, (x, _) in zip(v, parts, strict=True))
+                tuple(
+                    dataclasses.replace(tg, where=x.where, requirement=dataclasses.replace(tg.requirement, best=BEST))
+                    for tg, (x, _) in zip(v, parts, strict=True)
+                )
                 for v in resolved.variants
             ),
         )
