@@ -149,6 +149,8 @@ def test_every_spec_example(pilot: Pilot, tmp_path: Path) -> None:
     # count 2 of a single job: one process on two cores (the local LRM maps them onto this machine's cpus)
     assert records(work, first)[0]["cpus"] == min(2, CPUS)
     assert one("fig2-executable.jrdl")["argv"][0] == f"{work}/home/user/executable"
+    fig4 = sorted(r["cpus"] for r in records(work, submitted["fig4-coallocation-here.jrdl"][0]))
+    assert fig4 == sorted([min(2, CPUS), 1])  # the subjob of count 2 at "main", and the other one
     assert one("fig3-substitution.jrdl")["argv"][0] == f"{work}/home/user/executable"
     fig5 = sorted(Path(r["argv"][0]).name for r in records(work, submitted["fig5-subjobs.jrdl"][0]))
     assert fig5 == ["a.out", "b.out"]

@@ -18,6 +18,9 @@ ones SSS jobs have; what SSS has no word for is added to the request after:
 - A relative ``executable`` (``a.out``) is in the job's directory, as in GRAM; a relative ``directory``
   is the submitter's (CUR_DIRL), which is also the directory of a job that names none.
 - ``jobStartTime`` and ``jobStartBefore``: the request's ``not_before`` and ``start_within``.
+- ``resourceManagerContact`` and ``jobManagerType`` (of a subjob, or of the job for all its parts):
+  the request's ``targets`` (see :mod:`pilot.core.coallocation`): each part runs inside one allocation
+  its target admits, every part started at once.
 - Resource attributes become SSS node requirements on the agents' facts: ``operatingSystem`` on
   ``opsys``, ``minRAMAvailable``/``minRAMSize`` on ``mem_free``/``mem_total``, ``minStorageAvailable``
   on ``disk_free``, ``minFreeCPU`` on ``free_proc`` (the processors the last minute's load leaves free),
@@ -40,7 +43,7 @@ from pilot.model.job_description import DescriptionError, JobDescription
 from pilot.model.sss.errors import SssError
 from pilot.model.sss.job import Job, Properties, Property, TaskGroup
 from pilot.model.staging import Staging, StagingError
-from pilot.request import Request, Submission
+from pilot.request import JOB_MANAGER_LRMS, Request, Submission, Target
 from pilot.scheduler.cluster import Cluster
 
 #: Where a JRDL submission carries its document (in SUBMIT and in the journal).
@@ -256,12 +259,37 @@ def prepare(job: JrdlJob, cluster: Cluster) -> Request:
                 for v in resolved.variants
             ),
         )
+    request.targets = targets(parts)
     request.not_before = job.start_time
     request.start_within = job.start_before
     if job.stage_in or job.stage_out or job.clean_up:
         request.staging = staging(job)
         request.description = dataclasses.replace(request.description, staging=request.staging)
     return request
+
+
+def targets(parts: list[tuple[Executable, int]]) -> tuple[Target | None, ...] | None:
+    """Where each part runs when any names it (co-allocation: each in an allocation of its own, all
+    started together): ``resourceManagerContact`` ``site`` or ``site/allocation``, ``jobManagerType``
+    ``fork`` (the local LRM) or ``pbs``. None: no part names one; the job runs inside one allocation."""
+    if not any(x.contact is not None or x.manager is not None for x, _ in parts):
+        return None
+    out: list[Target | None] = []
+    for x, _ in parts:
+        if x.contact is None and x.manager is None:
+            out.append(None)
+            continue
+        site, allocation = None, None
+        named = []
+        if x.contact is not None:
+            site, _, rest = x.contact.partition("/")
+            allocation = rest or None
+            named.append(f"<resourceManagerContact> {x.contact!r}")
+        if x.manager is not None:
+            named.append(f"<jobManagerType> {x.manager}")
+        lrm = JOB_MANAGER_LRMS[x.manager] if x.manager is not None else None
+        out.append(Target(site or None, allocation, lrm, named=f"{x.where}: {' with '.join(named)}"))
+    return tuple(out)
 
 
 #: Where staging's messages name a directive, in the document's words.

@@ -143,8 +143,35 @@ REFUSED = [
         ),
         "<fileInput>: needs both a <url> and a <path>",
     ),
-    (doc(job("<subjob><resourceManagerContact/></subjob>")), "co-allocation across sites is not supported yet"),
-    (doc(job("<subjob><jobManagerType/></subjob>")), "co-allocation across sites is not supported yet"),
+    (doc(job("<subjob><resourceManagerContact/></subjob>")), "<resourceManagerContact>: takes exactly one <string>"),
+    (doc(job("<subjob><jobManagerType/></subjob>")), "<jobManagerType>: takes exactly one <enumeration>"),
+    (
+        doc(
+            job(
+                f"<subjob><resourceManagerContact><string>{s('http://eros01:8080')}</string></resourceManagerContact>"
+                "</subjob>"
+            )
+        ),
+        "<resourceManagerContact> 'http://eros01:8080' names no site or allocation of this pilot; known: main, main/a1",
+    ),
+    (
+        doc(
+            job(
+                "<subjob><jobManagerType><enumeration><enumerationValue><pbs/></enumerationValue></enumeration>"
+                "</jobManagerType></subjob>"
+            )
+        ),
+        "<jobManagerType> pbs: no site of this pilot is one; its sites: main (fork)",
+    ),
+    (
+        doc(
+            job(
+                "<subjob><jobManagerType><enumeration><enumerationValue><lsf/></enumerationValue></enumeration>"
+                "</jobManagerType></subjob>"
+            )
+        ),
+        "<lsf/> is not known here: use one of <fork/>, <pbs/>",
+    ),
     (  # the node reports no clock (as in a container without cpufreq): it cannot meet a clock minimum
         doc(job('<resource><processor><clockSpeed><integer value="1000"/></clockSpeed></processor></resource>')),
         "1 of 1 node(s) excluded because clock_mhz>=1000 cannot be checked: the node reports no clock_mhz",
