@@ -13,6 +13,8 @@ from core_env import CLIENT, CoreEnv
 
 from pilot import lrm, views
 from pilot.allocations import PilotAllocation, Site
+from pilot.formats.jrdl import read_jrdl, write_jrdl
+from pilot.frontends.jrdl import targets
 from pilot.lrm.base import Allocation, AllocationState
 from pilot.model.job_state import JobState
 
@@ -150,3 +152,11 @@ def test_a_job_level_contact_places_the_whole_job_and_fork_means_the_local_site(
     (pbs,) = ids(env, f"<jrdl><job>{whole}</job></jrdl>")
     (fork,) = ids(env, document(subjob("/bin/f", manager="fork", count=2)))
     assert started(env) == {"p0@a2": [(pbs, "/bin/x")], "m0": [(fork, "/bin/f")]}
+
+
+def test_the_journal_keeps_where_each_subjob_runs() -> None:
+    """What the journal keeps of a job (its document written out resolved) rebuilds the same targets."""
+    (job,) = read_jrdl(document(subjob("/bin/a", contact="main/a1", manager="fork"), subjob("/bin/b", manager="pbs")))
+    (again,) = read_jrdl(write_jrdl(job))
+    assert [(x.contact, x.manager) for x in again.subjobs] == [("main/a1", "fork"), (None, "pbs")]
+    assert targets([(x, 1) for x in again.subjobs]) == targets([(x, 1) for x in job.subjobs])
