@@ -67,6 +67,27 @@ def co_place(job_id: str, request: Request, passes: Sequence[tuple[PilotAllocati
     return None
 
 
+def stranded(
+    request: Request, book: AllocationBook, *, duration: float | None, needs: str | None, now: float
+) -> str | None:
+    """Why a co-allocated job can never start (None: it may): a part whose target no usable allocation
+    admits (or none that can still finish it), and auto-allocation cannot bring one."""
+    for target in dict.fromkeys(t for t in request.targets or () if t is not None):
+        if any(h.usable and admits(target, h) and h.takes(duration, needs, now=now) for h in book.held.values()):
+            continue
+        if (
+            target.allocation is None
+            and book.can_grow()
+            and any(
+                target.admits(site=s.name, allocation="", lrm=s.lrm.kind) and s.could_take(duration, needs)
+                for s in book.sites
+            )
+        ):
+            continue
+        return f"{target.named}: no allocation it may run in is left, and none can come"
+    return None
+
+
 def waiting(
     request: Request,
     held: Sequence[PilotAllocation],
@@ -155,4 +176,13 @@ def _manager(kind: str) -> str:
     return next((m for m, k in JOB_MANAGER_LRMS.items() if k == kind), kind)
 
 
-__all__ = ["admits", "co_place", "contacts", "group_requests", "never_fits", "unknown_targets", "waiting"]
+__all__ = [
+    "admits",
+    "co_place",
+    "contacts",
+    "group_requests",
+    "never_fits",
+    "stranded",
+    "unknown_targets",
+    "waiting",
+]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from itertools import islice
 
 from pilot.allocations import site_fields
-from pilot.core.coallocation import co_place
+from pilot.core.coallocation import co_place, stranded
 from pilot.core.lifecycle import Lifecycle
 from pilot.core.state import CoreState, Part
 from pilot.jobs import JobRecord
@@ -75,6 +75,11 @@ class Scheduler(Part):
                                 top = request.priority
                 if placed is not None:
                     start(job, placed)
+                    continue
+                if request.targets is not None and (
+                    why := stranded(request, self.allocations, duration=duration, needs=needs, now=now)
+                ):
+                    self.book.end(job, JobState.FAILED, t=now, message=f"not started: {why}")
                     continue
                 if self.allocations.may_run_later(duration, needs=needs, now=now):
                     if left is None:

@@ -160,3 +160,24 @@ def test_the_journal_keeps_where_each_subjob_runs() -> None:
     (again,) = read_jrdl(write_jrdl(job))
     assert [(x.contact, x.manager) for x in again.subjobs] == [("main/a1", "fork"), (None, "pbs")]
     assert targets([(x, 1) for x in again.subjobs]) == targets([(x, 1) for x in job.subjobs])
+
+
+def test_a_queued_coallocated_job_whose_allocation_ends_fails_saying_why() -> None:
+    env = two_sites()
+    (busy,) = ids(env, document(subjob("/bin/busy", contact="batch", count=2)))
+    started(env)
+    env.started("p0@a2", busy)
+    (co,) = ids(env, document(subjob("/bin/a", contact="main"), subjob("/bin/b", contact="batch/a2")))
+    assert started(env) == {}  # waits for room in a2
+    held = env.allocations.held["a2"]
+    held.allocation.state = AllocationState.FAILED
+    held.allocation.message = "NODE_FAIL"
+    env.core.on_allocation_ended(held)
+    env.step()
+    assert env.state(busy) is JobState.FAILED  # it ran there
+    assert env.state(co) is JobState.FAILED  # it can never start: a2 is gone and main cannot stand in
+    assert env.told(co)[4] == (
+        "not started: <job> #1 (line 1)/<subjob> #2 (line 1): <resourceManagerContact> 'batch/a2': no allocation "
+        "it may run in is left, and none can come"
+    )
+    assert env.core.nodes.slots["m0"].free_cores == [0, 1]
