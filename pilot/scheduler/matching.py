@@ -16,7 +16,9 @@ A task group's requirements come from its uncategorized properties (``<Feature>`
 most languages; Nand is "and not", Nor "or not"); each top-level conjunct must be about nodes or
 about amounts, not both. Terms with a ``preference`` are taken out of the expression: positive ones
 of one property name are alternatives of which one must hold, negative ones are wishes; both rank
-nodes (and order variants) by the weights, as a ratio to the sum of the weights of that name.
+nodes (and order variants) by the weights, as a ratio to the sum of the weights of that name. Nodes
+of equal weight are ranked by ``NodeRequirement.best``, attributes a front end prefers high or low
+(JRDL: the fastest clock, then the most free processors, then the most free memory).
 
 The :class:`Matcher` caches, per category (identical compiled requirement and per-task need), which
 nodes match and which do not, keyed on each node's version, so thousands of identical tasks are
