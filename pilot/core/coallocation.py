@@ -137,7 +137,9 @@ def unknown_targets(request: Request, book: AllocationBook) -> list[str]:
             continue
         if target.lrm is not None and not any(s.lrm.kind == target.lrm for s in sites):
             kinds = ", ".join(f"{s.name} ({_manager(s.lrm.kind)})" for s in book.sites)
-            reasons.append(f"{target.named}: no site of this pilot is one; its sites: {kinds}")
+            named = " of that name" if target.site is not None else ""
+            what = _manager(target.lrm)
+            reasons.append(f"{target.named}: no site of this pilot{named} is a {what} site; its sites: {kinds}")
     return reasons
 
 
@@ -156,7 +158,7 @@ def never_fits(
             where = [h for h in held if admits(target, h)]
             if not where:
                 named = target.named if target is not None else one.where
-                missing.append(f"{named}: no allocation of it is held now and none can come")
+                missing.append(f"{named}: no allocation it may run in is held now, and none can come")
                 continue
             per = [why_not_idle(one, h) for h in where]
             if all(per):

@@ -132,7 +132,8 @@ def test_a_coallocated_job_fails_as_a_whole() -> None:
         (subjob("/bin/a", contact="main/a2"), "'main/a2' names no allocation of this pilot that is alive"),
         (
             subjob("/bin/a", contact="batch", manager="fork"),
-            "<resourceManagerContact> 'batch' with <jobManagerType> fork: no site of this pilot is one; its sites: "
+            "<resourceManagerContact> 'batch' with <jobManagerType> fork: no site of this pilot of that name is a fork "
+            "site; its sites: "
             "main (fork), batch (pbs)",
         ),
         (subjob("/bin/a", contact="main", count=3), "can never run in this allocation"),  # 3 cores; m0 has 2

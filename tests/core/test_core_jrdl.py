@@ -161,7 +161,7 @@ REFUSED = [
                 "</jobManagerType></subjob>"
             )
         ),
-        "<jobManagerType> pbs: no site of this pilot is one; its sites: main (fork)",
+        "<jobManagerType> pbs: no site of this pilot is a pbs site; its sites: main (fork)",
     ),
     (
         doc(
