@@ -54,7 +54,21 @@ def probe(*, name: str | None, spec: dict[str, Any] | None) -> NodeConfigured:
         os=f"{platform.system()} {platform.release()}",
         architecture=platform.machine(),
         features=[str(f) for f in spec.get("features", [])],
+        clock_mhz=processor_clock(),
     )
+
+
+def processor_clock() -> float:
+    """The processor clock in MHz for JRDL's clockSpeed: the rated maximum where the kernel reports one
+    (the current clock moves with power saving), else the current one; 0 when psutil cannot read it
+    (no cpufreq in many containers), which matching treats as unknown."""
+    try:
+        freq = psutil.cpu_freq()
+    except (OSError, NotImplementedError, RuntimeError):
+        return 0.0
+    if freq is None:
+        return 0.0
+    return float(round(freq.max if freq.max > 0 else freq.current, 1))
 
 
 def cpu_map_from_spec(spec: dict[str, Any] | None) -> dict[int, int]:

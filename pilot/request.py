@@ -55,6 +55,7 @@ class Request:
         "slots",
         "staging",
         "start_within",
+        "targets",
         "where",
     )
 
@@ -75,6 +76,7 @@ class Request:
         not_before: float | None = None,
         start_within: float | None = None,
         staging: Staging | None = None,
+        targets: tuple[Target | None, ...] | None = None,
     ) -> None:
         if (slots is None) == (resolved is None):
             raise ValueError("a request has exactly one placement shape: slots or resolved")
@@ -104,6 +106,10 @@ class Request:
         self.start_within = start_within
         #: Files in before its processes, out after, removed last (any language's; see pilot.model.staging).
         self.staging = staging if staging is not None else description.staging
+        #: Co-allocation (JRDL subjobs naming a resourceManagerContact or jobManagerType): per task group,
+        #: where it must run (None: any allocation); each group is placed inside one allocation, all groups
+        #: at once or none. None: the whole job runs inside one allocation.
+        self.targets = targets
 
     @classmethod
     def of_description(cls, description: JobDescription) -> Request:
@@ -128,6 +134,8 @@ class Request:
         else:
             assert self.resolved is not None
             category = self.resolved.category
+        if self.targets is not None:
+            category = (category, self.targets)
         d = self.description
         if d.queue_name is None and d.project_name is None and d.reservation_id is None:
             return category
@@ -154,6 +162,30 @@ class Request:
         return NewJob(job_id, self.name, self.local_id, self.dependencies, self.where or f"job {job_id}")
 
 
+#: jobManagerType's job managers as the batch system kinds of this pilot's sites: ``fork`` runs on this
+#: machine (the local LRM), ``pbs`` in a PBS site.
+JOB_MANAGER_LRMS: Final = {"fork": "local", "pbs": "pbs"}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where one task group of a co-allocated job runs: a site of the pilot (its config name), one of its
+    allocations (``a2``), and/or the kind of batch system (``local``, ``pbs``). ``named`` says how the
+    document named it, for messages; it does not take part in comparisons."""
+
+    site: str | None = None
+    allocation: str | None = None
+    lrm: str | None = None
+    named: str = field(default="", compare=False)
+
+    def admits(self, *, site: str, allocation: str, lrm: str) -> bool:
+        return (
+            (self.site is None or self.site == site)
+            and (self.allocation is None or self.allocation == allocation)
+            and (self.lrm is None or self.lrm == lrm)
+        )
+
+
 @dataclass(slots=True)
 class Submission:
     """What one submitted entry compiled to: its jobs (accepted together or not at all), what the journal
@@ -166,4 +198,4 @@ class Submission:
     document: bool = False
 
 
-__all__ = ["GroupLaunch", "Request", "Submission", "TaskLaunch"]
+__all__ = ["JOB_MANAGER_LRMS", "GroupLaunch", "Request", "Submission", "Target", "TaskLaunch"]

@@ -269,6 +269,8 @@ def waits_for(core: Core, job: JobRecord) -> list[str]:
     """What a queued job that can run here waits for now."""
     nodes = core.nodes
     resolved, slots = job.request.resolved, job.request.slots
+    if job.request.targets is not None:
+        return [f"co-allocated, all parts start together: {r}" for r in nodes.co_waits(job.request)]
     if resolved is not None:
         now = why_not(resolved, nodes.matcher, nodes.resources)
         return [f"waits for resources: {r}" for r in now] or ["it fits now: the next scheduling pass starts it"]

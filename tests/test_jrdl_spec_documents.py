@@ -21,13 +21,15 @@ pytestmark = pytest.mark.timeout(240)
 
 DOCUMENTS = Path(__file__).parent / "data" / "jrdl"
 CPUS = len(os.sched_getaffinity(0))
-#: Documents whose requirements read static node facts (opsys, mem_total, num_proc).
-STATIC_FACTS = ("res-operatingSystem.jrdl", "res-minRAMSize.jrdl", "res-minFreeCPU.jrdl")
-#: Documents whose requirement is on the nodes' measured load (at least 10 % available).
+#: Documents whose requirements read static node facts (opsys, mem_total).
+STATIC_FACTS = ("res-operatingSystem.jrdl", "res-minRAMSize.jrdl")
+#: Documents whose requirement is on the nodes' measured load (at least 10 % available, 4 of 5 processors
+#: free): accepted, and they wait while a shared machine is busier than that.
 LOAD = {
     "res-processorLoad-last1Min.jrdl": "np_load_short",
     "res-processorLoad-last5Min.jrdl": "np_load_medium",
     "res-processorLoad-last15Min.jrdl": "np_load_long",
+    "res-minFreeCPU.jrdl": "free_proc",
 }
 CONFIG = """
 [pilot]
@@ -84,6 +86,8 @@ def test_every_spec_example(pilot: Pilot, tmp_path: Path) -> None:
     # Matching sees the nodes' OS, memory size and processor count only while heartbeats do not replace
     # them (until the node-fact fix of pilot/scheduler lands): then those documents can never run here.
     static = pilot.cli("nodes").stdout.count("opsys") == 3
+    # An agent reports its processor clock unless psutil cannot read it (no cpufreq in some containers).
+    clocked = pilot.cli("nodes").stdout.count("clock_mhz") == 3
     documents = sorted(DOCUMENTS.glob("*.jrdl"))
     assert len(documents) >= 30
     submitted: dict[str, list[str]] = {}
@@ -92,12 +96,11 @@ def test_every_spec_example(pilot: Pilot, tmp_path: Path) -> None:
         expect = expectation(text)
         if not static and doc.name in STATIC_FACTS:
             expect = "refused: can never run in this allocation"
+        if not clocked and doc.name == "res-processor.jrdl":
+            expect = "refused: clock_mhz>=1000 cannot be checked: the node reports no clock_mhz"
         path = work / doc.name
         path.write_text(text)
         proc = pilot.cli("submit", str(path), check=False)
-        if doc.name in LOAD and proc.returncode == 2:  # a shared machine may be busier than 10 % available:
-            assert f"{LOAD[doc.name]}=0.9 does not hold" in proc.stderr, proc.stderr  # refused for that only
-            continue
         if expect.startswith("refused: "):
             assert proc.returncode == 2, (doc.name, proc.stdout)
             assert expect.removeprefix("refused: ") in proc.stderr, (doc.name, proc.stderr)
@@ -111,12 +114,30 @@ def test_every_spec_example(pilot: Pilot, tmp_path: Path) -> None:
     def state(job_id: str) -> str:
         return ET.fromstring(pilot.cli("show", job_id, "--xml").stdout).findtext("State") or ""
 
+    canceled: set[str] = set()
+    for name in LOAD:  # it runs, or waits for the load (explain says so) and is canceled
+        (job_id,) = submitted[name]
+
+        def ran_or_waits(j: str = job_id, value: str = LOAD[name]) -> bool:
+            if state(j) in ("Running", "Completed", "Failed", "Canceled"):
+                return True
+            why = pilot.cli("explain", j).stdout
+            return value in why and "the job waits for the node's load" in why
+
+        wait_for(ran_or_waits, timeout=30, what=f"{name}: runs or waits for the load")
+        if state(job_id) not in ("Running", "Completed") and pilot.cli("cancel", job_id, check=False).returncode == 0:
+            wait_for(lambda j=job_id: state(j) in ("Completed", "Failed", "Canceled"), timeout=30, what=name)
+        if state(job_id) == "Canceled":  # (it may have started in the moment before the cancel)
+            del submitted[name]
+            every.remove(job_id)
+            canceled.add(job_id)
     for name, ids in submitted.items():
         for job_id in ids:
             wait_for(lambda j=job_id: state(j) in ("Completed", "Failed", "Canceled"), timeout=90, what=name)
             assert state(job_id) == "Completed", (name, pilot.cli("explain", job_id).stdout)
             assert records(work, job_id), name  # its task really ran
-    assert {f.name.split(".")[0] for f in (work / "ran").iterdir()} == set(every)  # nothing refused ran
+    ran = {f.name.split(".")[0] for f in (work / "ran").iterdir()} - canceled
+    assert ran == set(every)  # nothing refused ran
 
     def one(name: str) -> dict[str, Any]:
         (rec,) = records(work, submitted[name][0])
@@ -128,6 +149,8 @@ def test_every_spec_example(pilot: Pilot, tmp_path: Path) -> None:
     # count 2 of a single job: one process on two cores (the local LRM maps them onto this machine's cpus)
     assert records(work, first)[0]["cpus"] == min(2, CPUS)
     assert one("fig2-executable.jrdl")["argv"][0] == f"{work}/home/user/executable"
+    fig4 = sorted(r["cpus"] for r in records(work, submitted["fig4-coallocation-here.jrdl"][0]))
+    assert fig4 == sorted([min(2, CPUS), 1])  # the subjob of count 2 at "main", and the other one
     assert one("fig3-substitution.jrdl")["argv"][0] == f"{work}/home/user/executable"
     fig5 = sorted(Path(r["argv"][0]).name for r in records(work, submitted["fig5-subjobs.jrdl"][0]))
     assert fig5 == ["a.out", "b.out"]

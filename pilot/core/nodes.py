@@ -17,13 +17,14 @@ import structlog
 from pilot import site
 from pilot.allocations import AllocationBook, PilotAllocation
 from pilot.config import Config
+from pilot.core import coallocation
 from pilot.core.clock import Clock
 from pilot.jobs import JobRecord
 from pilot.model.node import NodeConfigured
 from pilot.request import Request
 from pilot.scheduler import NodeSlots, never_fits
 from pilot.scheduler.attributes import ConsumableLedger
-from pilot.scheduler.cluster import Cluster
+from pilot.scheduler.cluster import Cluster, idle_cluster
 from pilot.scheduler.distribution import Resources, why_not
 from pilot.scheduler.matching import Matcher
 from pilot.scheduler.passes import AllocationPass
@@ -69,10 +70,12 @@ class NodeBook:
         self.matcher = Matcher(cluster)
         self.resources = Resources(self.slots, {}, ConsumableLedger.of(cluster.global_capacity))
         self._fits: dict[Any, list[str]] = {}  # request category -> why it can never fit, per node set
+        self._idle: Matcher | None = None  # matching on the nodes as they measure idle, per node set
 
     def invalidate(self) -> None:
         """The node sets changed: what can ever fit is judged again."""
         self._fits.clear()
+        self._idle = None
 
     def register(self, node: NodeConfigured) -> AgentRecord:
         self.invalidate()
@@ -102,7 +105,7 @@ class NodeBook:
             m = self.cluster.nodes.get(agent.name)
             if m is not None:
                 before = m.values.version
-                m.values.report_load(self.cluster.registry, values)
+                m.report_load(self.cluster.registry, values)
                 if m.values.version != before:
                     self.cluster.touch()
         if utilized is not None:
@@ -198,26 +201,56 @@ class NodeBook:
 
     def never_fits(self, request: Request) -> list[str]:
         """Why the request can never run here (empty: it may), judged once per request category while
-        the node sets stay the same: per submitted job it would cost O(nodes) on the submit path. A job
-        runs inside one allocation: it fits if it fits one of them (even idle)."""
+        the node sets stay the same (per submitted job it would cost O(nodes) on the submit path), on the
+        nodes' facts and their load values as an idle node measures them. A job runs inside one
+        allocation: it fits if it fits one of them (even idle)."""
         key = request.category
         reasons = self._fits.get(key)
         if reasons is not None:
             return reasons
         slots = request.slots
-        if slots is not None:
+        if request.targets is not None:
+            reasons = self._never_coallocated(request)
+            if reasons is None:
+                return []  # judged when explained, not refused on a guess
+        elif slots is not None:
             per = [never_fits(slots, nodes) for nodes in self._capacities()]
             reasons = [] if not per or None in per else [f"it {per[0]}"]
         else:
             assert request.resolved is not None
             if not self._complete():
                 return []  # judged when explained, not refused on a guess
-            per_allocation = [
-                why_not(request.resolved, self.matcher, g.resources, idle=True) for g in self.allocation_slots()
-            ]
+            idle = self._idle_matcher()
+            per_allocation = [why_not(request.resolved, idle, g.resources, idle=True) for g in self.allocation_slots()]
             reasons = [] if not per_allocation or not all(per_allocation) else per_allocation[0]
         self._fits[key] = reasons
         return reasons
+
+    def _never_coallocated(self, request: Request) -> list[str] | None:
+        """A co-allocated job: a target naming nothing of the pilot, or a task group that fits none of
+        the allocations its target admits even idle; None while that cannot be judged yet."""
+        unknown = coallocation.unknown_targets(request, self.allocations)
+        if unknown:
+            return unknown
+        if not self._complete():
+            return None
+        idle = self._idle_matcher()
+        slots = {g.held.name: g.resources for g in self.allocation_slots()}
+        held = [h for h in self.allocations.held.values() if h.name in slots]
+        return coallocation.never_fits(request, held, lambda one, h: why_not(one, idle, slots[h.name], idle=True))
+
+    def co_waits(self, request: Request) -> list[str]:
+        """What a queued co-allocated job's task groups wait for now (for explain)."""
+        slots = {g.held.name: g.resources for g in self.allocation_slots()}
+        held = [h for h in self.allocations.held.values() if h.name in slots]
+        return coallocation.waiting(request, held, lambda one, h: why_not(one, self.matcher, slots[h.name]))
+
+    def _idle_matcher(self) -> Matcher:
+        """Matching on the nodes as an idle node measures them: a busy node may still take a job later."""
+        idle = self._idle
+        if idle is None:
+            idle = self._idle = Matcher(idle_cluster(self.cluster), idle=True)
+        return idle
 
     def _complete(self) -> bool:
         """Every node of every allocation is in, and no more may come: matching sees the whole pilot."""

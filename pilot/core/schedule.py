@@ -8,6 +8,7 @@ from __future__ import annotations
 from itertools import islice
 
 from pilot.allocations import site_fields
+from pilot.core.coallocation import co_place, stranded
 from pilot.core.lifecycle import Lifecycle
 from pilot.core.state import CoreState, Part
 from pilot.jobs import JobRecord
@@ -57,20 +58,28 @@ class Scheduler(Part):
                     fields = site_fields(d)  # it runs only where its queue, project or reservation is
                     eligible = [(h, p) for h, p in eligible if h.site.serves(fields)]
                 placed: Placed | None = None
-                for _, p in eligible:
-                    if (placed := p.place(job.id, request)) is not None:
-                        break
+                if request.targets is not None:  # each task group in an allocation of its own, all or none
+                    placed = co_place(job.id, request, eligible)
                 else:
-                    # No room now in any allocation: a short task may wait behind a busy core, unless a
-                    # job of a higher priority waits in the queue (it would start after this one).
-                    if behind and (left is None or request.priority >= left):
-                        for _, p in eligible:
-                            if (placed := p.place_behind(request, depth=behind)) is not None:
-                                break
-                        if placed is not None and earlier and top is None:
-                            top = request.priority
+                    for _, p in eligible:
+                        if (placed := p.place(job.id, request)) is not None:
+                            break
+                    else:
+                        # No room now in any allocation: a short task may wait behind a busy core, unless a
+                        # job of a higher priority waits in the queue (it would start after this one).
+                        if behind and (left is None or request.priority >= left):
+                            for _, p in eligible:
+                                if (placed := p.place_behind(request, depth=behind)) is not None:
+                                    break
+                            if placed is not None and earlier and top is None:
+                                top = request.priority
                 if placed is not None:
                     start(job, placed)
+                    continue
+                if request.targets is not None and (
+                    why := stranded(request, self.allocations, duration=duration, needs=needs, now=now)
+                ):
+                    self.book.end(job, JobState.FAILED, t=now, message=f"not started: {why}")
                     continue
                 if self.allocations.may_run_later(duration, needs=needs, now=now):
                     if left is None:

@@ -9,9 +9,8 @@ resource attributes (where it may run). Values use the RSL2 shapes: a string is 
 definitions are seen by everything inside that element (a job's own replace the document's), a
 definition may use the ones before it, and a later one of the same name replaces an earlier one.
 
-The reader is strict: an element it does not know, or one it knows but this pilot cannot honour yet
-(file staging, co-allocation, clock speed), is refused naming the element and its line, so nothing a
-user wrote is silently dropped. The XML itself is parsed by :mod:`pilot.formats.xml` (defusedxml: no
+The reader is strict: an element it does not know is refused naming the element and its line, so
+nothing a user wrote is silently dropped. The XML itself is parsed by :mod:`pilot.formats.xml` (defusedxml: no
 DTDs, entities or external references). :func:`write_jrdl` writes one job resolved (no references
 left), which is what the journal keeps to rebuild it after a restart.
 """
@@ -45,15 +44,11 @@ GLOBUS_ONLY: Final = {
 SUBMITTER_NAMES: Final = ("HOME", "LOGNAME", "CUR_DIRL")
 #: Table 1 names the nodes supply (the same on every node, or the reference is refused).
 HOST_NAMES: Final = ("GLOBUS_HOST_CPUTYPE", "GLOBUS_HOST_MANUFACTURER", "GLOBUS_HOST_OSNAME", "GLOBUS_HOST_OSVERSION")
+#: jobManagerType values (the spec's two local job managers).
+JOB_MANAGERS: Final = ("fork", "pbs")
 #: What JOBID becomes: the agent substitutes ``${VAR}`` in executable, arguments and environment values.
 JOBID_VALUE: Final = "${PILOT_JOB_ID}"
 
-_NOT_YET: Final = {
-    "resourceManagerContact": "co-allocation across sites is not supported yet; leave it out and the pilot "
-    "places the job on its own nodes",
-    "jobManagerType": "co-allocation across sites is not supported yet; leave it out and the pilot places the "
-    "job on its own nodes",
-}
 _REMOTE: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _DURATION: Final = re.compile(
     r"P(?:(?P<Y>\d+)Y)?(?:(?P<Mo>\d+)M)?(?:(?P<W>\d+)W)?(?:(?P<D>\d+)D)?"
@@ -81,6 +76,10 @@ class Executable:
     library_path: tuple[str, ...] | None = None
     job_type: str | None = None
     count: int | None = None
+    #: Co-allocation: where it runs (resourceManagerContact: a site, or ``site/allocation``) and on which
+    #: kind of job manager (jobManagerType ``fork`` or ``pbs``); a subjob inherits its job's.
+    contact: str | None = None
+    manager: str | None = None
     where: str = "<job>"
 
     def over(self, base: Executable) -> Executable:
@@ -103,6 +102,8 @@ _INHERITED: Final = (
     "stderr",
     "library_path",
     "job_type",
+    "contact",
+    "manager",
 )
 
 
@@ -117,6 +118,7 @@ class Resource:
     min_storage_available: int | None = None
     min_free_cpu: int | None = None
     load: tuple[tuple[str, int], ...] = ()  # ("last1Min", 10), ...: % availability at least
+    clock_mhz: int | None = None  # processor clockSpeed at least
     scheduling_type: str | None = None
     scheduling_plugin: str | None = None
 
@@ -397,6 +399,8 @@ _EXECUTABLE_TAGS: Final = (
     "libraryPath",
     "jobType",
     "count",
+    "resourceManagerContact",
+    "jobManagerType",
 )
 _JOB_TAGS: Final = (
     *_EXECUTABLE_TAGS,
@@ -434,8 +438,6 @@ def _children(el: XmlElement, allowed: tuple[str, ...], scope: _Scope) -> dict[s
             _only_attrs(child, "name")
             scope.defs[_attr(child, "name")] = _string(child, scope)
             continue
-        if tag in _NOT_YET:
-            raise _err(_NOT_YET[tag], child)
         if tag not in allowed:
             raise _err(
                 f"is not a JRDL element inside <{_local(el.tag)}>; allowed: {', '.join(allowed)}, substitutionDef",
@@ -479,14 +481,24 @@ def _executable(el: XmlElement, kids: dict[str, XmlElement], scope: _Scope, wher
         library_path=_paths(lp, scope) if (lp := get("libraryPath")) is not None else None,
         job_type=_enumeration(t, JOB_TYPES) if (t := get("jobType")) is not None else None,
         count=_integer(c) if (c := get("count")) is not None else None,
+        contact=_contact(rc, scope) if (rc := get("resourceManagerContact")) is not None else None,
+        manager=_enumeration(m, JOB_MANAGERS) if (m := get("jobManagerType")) is not None else None,
         where=where,
     )
 
 
+def _contact(el: XmlElement, scope: _Scope) -> str:
+    value = _string(_one(el, "string"), scope).strip()
+    if not value:
+        raise _err("is empty: name a site of the pilot, or site/allocation", el)
+    return value
+
+
 def _resource(el: XmlElement, scope: _Scope) -> Resource:
     kids = _children(el, _RESOURCE_TAGS, scope)
+    clock = None
     if (p := kids.get("processor")) is not None:
-        raise _err("processor clockSpeed cannot be honoured: the nodes do not report their clock; leave it out", p)
+        clock = _integer(_one(p, "clockSpeed"))
     os_name = None
     if (o := kids.get("operatingSystem")) is not None:
         os_name = _string(_one(_one(o, "name"), "string"), scope).strip()
@@ -539,6 +551,7 @@ def _resource(el: XmlElement, scope: _Scope) -> Resource:
         min_storage_available=storage,
         min_free_cpu=_integer(f) if (f := kids.get("minFreeCPU")) is not None else None,
         load=tuple(load),
+        clock_mhz=clock,
         scheduling_type=scheduling_type,
         scheduling_plugin=scheduling_plugin,
     )
@@ -654,6 +667,11 @@ def _executable_nodes(x: Executable) -> list[Node]:
         out.append(Node("jobType", children=[Node("enumeration", children=[value])]))
     if x.count is not None:
         out.append(_i("count", x.count))
+    if x.contact is not None:
+        out.append(Node("resourceManagerContact", children=[_s("string", x.contact)]))
+    if x.manager is not None:
+        value = Node("enumerationValue", children=[Node(x.manager)])
+        out.append(Node("jobManagerType", children=[Node("enumeration", children=[value])]))
     return out
 
 
@@ -675,6 +693,8 @@ def write_jrdl(job: JrdlJob) -> str:
         res.append(_i("count", r.count))
     if r.os_name is not None:
         res.append(Node("operatingSystem", children=[Node("name", children=[_s("string", r.os_name)])]))
+    if r.clock_mhz is not None:
+        res.append(Node("processor", children=[_i("clockSpeed", r.clock_mhz)]))
     memory = [
         _i(t, v) for t, v in (("minRAMAvailable", r.min_ram_available), ("minRAMSize", r.min_ram_size)) if v is not None
     ]

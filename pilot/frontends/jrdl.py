@@ -18,9 +18,14 @@ ones SSS jobs have; what SSS has no word for is added to the request after:
 - A relative ``executable`` (``a.out``) is in the job's directory, as in GRAM; a relative ``directory``
   is the submitter's (CUR_DIRL), which is also the directory of a job that names none.
 - ``jobStartTime`` and ``jobStartBefore``: the request's ``not_before`` and ``start_within``.
+- ``resourceManagerContact`` and ``jobManagerType`` (of a subjob, or of the job for all its parts):
+  the request's ``targets`` (see :mod:`pilot.core.coallocation`): each part runs inside one allocation
+  its target admits, every part started at once.
 - Resource attributes become SSS node requirements on the agents' facts: ``operatingSystem`` on
   ``opsys``, ``minRAMAvailable``/``minRAMSize`` on ``mem_free``/``mem_total``, ``minStorageAvailable``
-  on ``disk_free``, ``minFreeCPU`` on ``num_proc``, ``processorLoad`` on ``np_load_*``.
+  on ``disk_free``, ``minFreeCPU`` on ``free_proc`` (the processors the last minute's load leaves free),
+  ``processorLoad`` on ``np_load_*``, ``processor clockSpeed`` on ``clock_mhz``. Those on load values
+  wait while a node is busy; only what no node could meet even idle is refused at submit.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from pilot.model.job_description import DescriptionError, JobDescription
 from pilot.model.sss.errors import SssError
 from pilot.model.sss.job import Job, Properties, Property, TaskGroup
 from pilot.model.staging import Staging, StagingError
-from pilot.request import Request, Submission
+from pilot.request import JOB_MANAGER_LRMS, Request, Submission, Target
 from pilot.scheduler.cluster import Cluster
 
 #: Where a JRDL submission carries its document (in SUBMIT and in the journal).
@@ -49,6 +54,10 @@ SUBMITTER_KEY: Final = "submitter"
 LAUNCHERS: Final = {"single": "multiple", "htc": "multiple", "xmpi": "mpirun"}
 #: processorLoad's windows and the node load value (per processor) each is read from.
 LOAD_VALUES: Final = {"last1Min": "np_load_short", "last5Min": "np_load_medium", "last15Min": "np_load_long"}
+#: Among the nodes that meet a job's minimums, placement prefers the best, in turn: the fastest
+#: processor clock, then the most processors the load leaves free, then the most free memory
+#: (a node that does not report one ranks last on it; equal nodes in registration order).
+BEST: Final = (("clock_mhz", True), ("free_proc", True), ("mem_free", True))
 
 
 def compile_entry(raw: dict[str, Any], *, cluster: Cluster) -> Submission:
@@ -205,8 +214,10 @@ def _requirements(job: JrdlJob) -> tuple[list[Property], list[Property]]:
         items.append(attribute("mem_total", f"{r.min_ram_size}M"))
     if r.min_storage_available is not None:
         items.append(attribute("disk_free", f"{r.min_storage_available}M"))
-    if r.min_free_cpu is not None:
-        requested.append(attribute("num_proc", str(r.min_free_cpu), "GE"))
+    if r.min_free_cpu is not None:  # processors the load leaves free, not the node's count
+        requested.append(attribute("free_proc", str(r.min_free_cpu), "GE"))
+    if r.clock_mhz is not None:  # a node whose clock is unknown does not meet it
+        requested.append(attribute("clock_mhz", str(r.clock_mhz), "GE"))
     for window, pct in r.load:  # at least pct % available: the load per processor at most 1 - pct/100
         items.append(attribute(LOAD_VALUES[window], f"{(100 - pct) / 100:g}"))
     return items, requested
@@ -241,16 +252,44 @@ def prepare(job: JrdlJob, cluster: Cluster) -> Request:
             resolved,
             where=job.where,
             variants=tuple(
-                tuple(dataclasses.replace(tg, where=x.where) for tg, (x, _) in zip(v, parts, strict=True))
+                tuple(
+                    dataclasses.replace(tg, where=x.where, requirement=dataclasses.replace(tg.requirement, best=BEST))
+                    for tg, (x, _) in zip(v, parts, strict=True)
+                )
                 for v in resolved.variants
             ),
         )
+    request.targets = targets(parts)
     request.not_before = job.start_time
     request.start_within = job.start_before
     if job.stage_in or job.stage_out or job.clean_up:
         request.staging = staging(job)
         request.description = dataclasses.replace(request.description, staging=request.staging)
     return request
+
+
+def targets(parts: list[tuple[Executable, int]]) -> tuple[Target | None, ...] | None:
+    """Where each part runs when any names it (co-allocation: each in an allocation of its own, all
+    started together): ``resourceManagerContact`` ``site`` or ``site/allocation``, ``jobManagerType``
+    ``fork`` (the local LRM) or ``pbs``. None: no part names one; the job runs inside one allocation."""
+    if not any(x.contact is not None or x.manager is not None for x, _ in parts):
+        return None
+    out: list[Target | None] = []
+    for x, _ in parts:
+        if x.contact is None and x.manager is None:
+            out.append(None)
+            continue
+        site, allocation = None, None
+        named = []
+        if x.contact is not None:
+            site, _, rest = x.contact.partition("/")
+            allocation = rest or None
+            named.append(f"<resourceManagerContact> {x.contact!r}")
+        if x.manager is not None:
+            named.append(f"<jobManagerType> {x.manager}")
+        lrm = JOB_MANAGER_LRMS[x.manager] if x.manager is not None else None
+        out.append(Target(site or None, allocation, lrm, named=f"{x.where}: {' with '.join(named)}"))
+    return tuple(out)
 
 
 #: Where staging's messages name a directive, in the document's words.

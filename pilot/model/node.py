@@ -20,6 +20,7 @@ class NodeConfigured:
     os: str = ""
     architecture: str = ""
     features: list[str] = field(default_factory=list)
+    clock_mhz: float = 0.0  # the processor clock; 0: not known (no cpufreq in some containers)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -31,6 +32,7 @@ class NodeConfigured:
             "os": self.os,
             "architecture": self.architecture,
             "features": self.features,
+            "clock_mhz": self.clock_mhz,
         }
 
     @classmethod
@@ -44,6 +46,7 @@ class NodeConfigured:
             os=wire.field(body, "os", str),
             architecture=wire.field(body, "architecture", str),
             features=wire.str_list(body, "features"),
+            clock_mhz=float(wire.opt_field(body, "clock_mhz", (int, float), 0.0)),
         )
         if not node.name or len(node.name) > 255:
             raise wire.ProtocolError("node name must be 1 to 255 characters")
@@ -53,6 +56,8 @@ class NodeConfigured:
             raise wire.ProtocolError(f"node {node.name!r} reports duplicate or negative processor ids")
         if len(set(node.gpus)) != len(node.gpus) or min(node.gpus, default=0) < 0:
             raise wire.ProtocolError(f"node {node.name!r} reports duplicate or negative GPU ids")
+        if not 0 <= node.clock_mhz < 1e7:  # NaN fails too
+            raise wire.ProtocolError(f"node {node.name!r} reports a processor clock of {node.clock_mhz} MHz")
         if node.memory < 0:
             raise wire.ProtocolError(f"node {node.name!r} reports negative memory")
         return node

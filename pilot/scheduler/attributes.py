@@ -369,8 +369,8 @@ def _b(
 
 
 T = AttributeType
-#: Built-in attributes: SGE's host load values, plus ``opsys`` and ``disk_free`` this pilot's agents
-#: also measure, and ``slots`` (the node's processors, consumed one per core a task holds).
+#: Built-in attributes: SGE's host load values, plus ``opsys``, ``disk_free``, ``free_proc`` and ``clock_mhz``
+#: this pilot's agents also measure or report, and ``slots`` (the node's processors, one per core a task holds).
 BUILTINS: Final[tuple[AttributeDefinition, ...]] = (
     _b("arch", "a", T.RESTRING, Relop.EQ),
     _b("opsys", "os", T.RESTRING, Relop.EQ),
@@ -395,6 +395,8 @@ BUILTINS: Final[tuple[AttributeDefinition, ...]] = (
     _b("virtual_free", "vf", T.MEMORY, Relop.LE),
     _b("virtual_used", "vu", T.MEMORY, Relop.GE),
     _b("disk_free", "df", T.MEMORY, Relop.LE),
+    _b("free_proc", "fp", T.DOUBLE, Relop.LE),  # processors the load leaves free: num_proc x (1 - np_load_short)
+    _b("clock_mhz", "mhz", T.DOUBLE, Relop.LE, load=False),  # the processor clock the agent reported (a fact)
     _b("slots", "s", T.INT, Relop.LE, consumable=ConsumableKind.SLOT, default=1, load=False),
 )
 del T

@@ -1,17 +1,31 @@
 """The matcher's picture of the allocation: each node as matching reads it (features, typed values,
-consumable capacities) and the cluster of them, with a version that invalidates cached verdicts."""
+consumable capacities) and the cluster of them, with a version that invalidates cached verdicts.
+
+Load values pass: whether a job can *ever* run is judged on :func:`idle_cluster`, the nodes as they
+would measure idle, so a node busy for a moment never gets a job refused at submit."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from pilot.model.node import NodeConfigured
 from pilot.scheduler.attributes import (
     AttributeDefinition,
     AttributeRegistry,
     AttributeValues,
+    Relop,
+    Value,
 )
+
+#: Load values that are a free share of a total: on an idle node the whole total is free.
+IDLE_TOTALS: Final = {
+    "mem_free": "mem_total",
+    "swap_free": "swap_total",
+    "virtual_free": "virtual_total",
+    "free_proc": "num_proc",
+}
 
 # -- nodes and the cluster ------------------------------------------------------------------------------
 
@@ -49,6 +63,8 @@ class MatchNode:
             facts["arch"] = node.architecture
         if node.os:
             facts["opsys"] = node.os
+        if node.clock_mhz > 0:  # 0: the agent could not read it (psutil has no cpu_freq in some containers)
+            facts["clock_mhz"] = node.clock_mhz
         m.values.report_facts(registry, facts)
         m.configured = {"Processors": float(len(node.processors)), "Memory": float(node.memory)}
         if node.gpus:
@@ -56,6 +72,15 @@ class MatchNode:
         for k, v in (consumables or {}).items():
             m.configured[k] = float(v)
         return m
+
+    def report_load(self, registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> None:
+        """A heartbeat's load values, plus ``free_proc``: the processors the last minute's load leaves
+        free (JRDL minFreeCPU), ``num_proc x (1 - np_load_short)``."""
+        load = values.get("np_load_short")
+        n = self.values.facts.get("num_proc")
+        if isinstance(load, int | float) and isinstance(n, int | float) and not isinstance(load, bool):
+            values = {**values, "free_proc": max(0.0, float(n) * (1.0 - float(load)))}
+        self.values.report_load(registry, values)
 
 
 @dataclass(slots=True)
@@ -114,3 +139,25 @@ def attribute_name(registry: AttributeRegistry, key: str) -> str:
     """The name of the attribute ``key`` stands for (its own name when none is defined)."""
     d = consumable_definition(registry, key)
     return d.name if d is not None else key.removeprefix("Resource:")
+
+
+def idle_cluster(cluster: Cluster) -> Cluster:
+    """The cluster with every node's load values as an idle node would measure them: a share that is
+    free is the whole total, a load or amount in use is 0; a load value with no known bound (disk_free)
+    stays as measured. Fixed values from the config still hold (they only restrict)."""
+    registry = cluster.registry
+    nodes: dict[str, MatchNode] = {}
+    for name, node in cluster.nodes.items():
+        v = node.values
+        measured = {**v.load, **v.facts}
+        load: dict[str, Value] = {}
+        for key, value in v.load.items():
+            d = registry.get(key)
+            load[key] = 0.0 if d is not None and d.type.numeric and d.relop in (Relop.GE, Relop.GT) else value
+        for key, of in IDLE_TOTALS.items():  # even one not measured yet: its total is known
+            total = measured.get(of)
+            if total is not None and not isinstance(total, bool | str):
+                load[key] = total
+        idle = AttributeValues(fixed=dict(v.fixed), load=load, facts=dict(v.facts))
+        nodes[name] = MatchNode(node.name, node.hostname, node.features, idle, dict(node.configured))
+    return Cluster(registry, cluster.global_values, dict(cluster.global_capacity), dict(cluster.context), nodes)

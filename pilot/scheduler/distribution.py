@@ -444,6 +444,8 @@ def why_not(request: JobRequest, matcher: Matcher, resources: Resources, *, idle
                 f"{label}{g.where}: needs {what}{layout}; the {len(cands)} matching node(s) hold room for "
                 f"{total} such task(s) {state}" + (" (exclusive nodes)" if g.exclusive else "")
             )
+            if len(cands) < len(matcher.cluster.nodes):  # and why the others are not among them
+                reasons += [f"{label}{g.where}: {line}" for line in matcher.explain(g.requirement, g.need)]
     return reasons or ["it does not fit (the task groups cannot all be placed at once)"]
 
 

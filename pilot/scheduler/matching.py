@@ -16,7 +16,9 @@ A task group's requirements come from its uncategorized properties (``<Feature>`
 most languages; Nand is "and not", Nor "or not"); each top-level conjunct must be about nodes or
 about amounts, not both. Terms with a ``preference`` are taken out of the expression: positive ones
 of one property name are alternatives of which one must hold, negative ones are wishes; both rank
-nodes (and order variants) by the weights, as a ratio to the sum of the weights of that name.
+nodes (and order variants) by the weights, as a ratio to the sum of the weights of that name. Nodes
+of equal weight are ranked by ``NodeRequirement.best``, attributes a front end prefers high or low
+(JRDL: the fastest clock, then the most free processors, then the most free memory).
 
 The :class:`Matcher` caches, per category (identical compiled requirement and per-task need), which
 nodes match and which do not, keyed on each node's version, so thousands of identical tasks are
@@ -111,6 +113,22 @@ class NodeRequirement:
     #: Attributes the request names (typed attributes and consumables): a node offering a FORCED
     #: attribute takes only requests that name it.
     asked: frozenset[str] = frozenset()
+    #: Typed attributes that rank the matching nodes after the preferences, in turn: (name, higher
+    #: first). A node that reports no value of one ranks last on it (JRDL: clock, free processors, memory).
+    best: tuple[tuple[str, bool], ...] = ()
+
+    def rank(self, node: MatchNode, cluster: Cluster) -> tuple[float, ...]:
+        """The node's sort key (lower first): preference weight met, then each of ``best``."""
+        key = [-self.score(node, cluster)]
+        if self.best:
+            values = node.values.effective(cluster.registry)
+            for name, higher in self.best:
+                v = values.get(name)
+                if isinstance(v, bool) or not isinstance(v, int | float):
+                    key.append(math.inf)
+                else:
+                    key.append(-v if higher else v)
+        return tuple(key)
 
     def score(self, node: MatchNode, cluster: Cluster) -> float:
         """The preference weight a node meets, as a ratio per property name, summed."""
@@ -512,7 +530,7 @@ Need = tuple[tuple[str, float], ...]  # per-task consumables (static check again
 @dataclass(slots=True)
 class _Entry:
     epoch: int = -1
-    verdicts: dict[str, tuple[tuple[int, int], str | None, float]] = field(default_factory=dict)
+    verdicts: dict[str, tuple[tuple[int, int], str | None, tuple[float, ...]]] = field(default_factory=dict)
     ranked: list[MatchNode] = field(default_factory=list)
     global_reason: str | None = None
     hits: int = 0
@@ -527,8 +545,10 @@ class Matcher:
     when it has not changed the list is returned as is.
     """
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, *, idle: bool = False) -> None:
         self.cluster = cluster
+        #: Whether ``cluster`` is the nodes as measured idle (what can ever fit): its messages say so.
+        self.idle = idle
         self._cache: dict[tuple[NodeRequirement, Need], _Entry] = {}
         self.evaluations = 0  # node verdicts computed (for tests and the benchmark)
 
@@ -557,10 +577,10 @@ class Matcher:
             if v is not None and v[0] == node.version:
                 continue
             reason = self.mismatch(req, need, node)
-            score = req.score(node, c) if reason is None else 0.0
-            entry.verdicts[node.name] = (node.version, reason, score)
+            rank = req.rank(node, c) if reason is None else ()
+            entry.verdicts[node.name] = (node.version, reason, rank)
         fitting = [(i, n) for i, n in enumerate(live.values()) if entry.verdicts[n.name][1] is None]
-        fitting.sort(key=lambda p: (-entry.verdicts[p[1].name][2], p[0]))
+        fitting.sort(key=lambda p: (entry.verdicts[p[1].name][2], p[0]))
         entry.ranked = [n for _, n in fitting]
         entry.epoch = c.epoch
 
@@ -585,8 +605,27 @@ class Matcher:
             return None
         for conjunct in _conjuncts([req.expr]):
             if not holds_on_node(conjunct, node, c):
-                return f"{describe(conjunct)} does not hold"
+                return self._why(conjunct, node)
         return "the requirement does not hold"  # pragma: no cover
+
+    def _why(self, conjunct: Expr, node: MatchNode) -> str:
+        """Why a conjunct fails on a node: for a typed attribute the value seen, and whether it is a
+        load value (then the job waits for the load to change, unless even an idle node fails it)."""
+        label = describe(conjunct)
+        if not isinstance(conjunct, AttributeTerm):
+            return f"{label} does not hold"
+        c = self.cluster
+        name = conjunct.condition.name
+        host = node.values.effective(c.registry)
+        value = host.get(name, c.global_values.effective(c.registry).get(name))
+        if value is None:
+            return f"{label} cannot be checked: the node reports no {name}"
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        reason = f"{label} does not hold: its {name} is {shown}"
+        d = c.registry.get(name)
+        if d is not None and d.load_value and name in host:
+            reason += " even idle" if self.idle else " now (a load value: the job waits for the node's load)"
+        return reason
 
     def explain(self, req: NodeRequirement, need: Need = ()) -> list[str]:
         """Why no node (or which nodes) cannot take this category: one line per reason, with the
@@ -625,7 +664,7 @@ def uncached_candidates(matcher: Matcher, req: NodeRequirement, need: Need = ())
     """The same answer as :meth:`Matcher.candidates` without the cache: the benchmark's baseline."""
     c = matcher.cluster
     fitting = [(i, n) for i, n in enumerate(c.nodes.values()) if matcher.mismatch(req, need, n) is None]
-    fitting.sort(key=lambda p: (-req.score(p[1], c), p[0]))
+    fitting.sort(key=lambda p: (req.rank(p[1], c), p[0]))
     return [n for _, n in fitting]
 
 

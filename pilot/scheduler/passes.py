@@ -8,7 +8,7 @@ with the category cursors a pass keeps so that a long queue costs no more per jo
 from __future__ import annotations
 
 from pilot.request import Request
-from pilot.scheduler.distribution import JobPlacement, Resources, SchedulingPass
+from pilot.scheduler.distribution import JobPlacement, JobRequest, Resources, SchedulingPass
 from pilot.scheduler.matching import Matcher
 from pilot.scheduler.placement import NodeSlots, RankPlacement, can_wait_behind, place, place_behind
 
@@ -34,10 +34,14 @@ class AllocationPass:
             ranks = place(slots, self.nodes, job_id=job_id)
             return None if ranks is None else (ranks, None)
         assert request.resolved is not None
+        return self.place_resolved(job_id, request.resolved)
+
+    def place_resolved(self, job_id: str, resolved: JobRequest) -> Placed | None:
+        """Task groups with requirements, through matching: everything or nothing and None."""
         matching = self._matching
         if matching is None:
             matching = self._matching = SchedulingPass(self.matcher, self.resources)
-        placement = matching.place(job_id, request.resolved)
+        placement = matching.place(job_id, resolved)
         if placement is None:
             return None
         return [RankPlacement(t.node, t.cores, t.gpus, t.memory) for t in placement.tasks], placement

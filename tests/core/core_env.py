@@ -87,8 +87,17 @@ class CoreEnv:
     def advance(self, seconds: float) -> None:
         self.clock.set(wall=self.clock.wall + seconds, mono=self.clock.mono + seconds)
 
-    def register(self, name: str = "n0", *, running: list[list[Any]] | None = None, events: list[Any] = ()) -> Step:
-        node = NodeConfigured(name=name, hostname=name, processors=list(range(self.cores)), memory=1 << 30)
+    def register(
+        self,
+        name: str = "n0",
+        *,
+        running: list[list[Any]] | None = None,
+        events: list[Any] = (),
+        clock_mhz: float = 0.0,
+    ) -> Step:
+        node = NodeConfigured(
+            name=name, hostname=name, processors=list(range(self.cores)), memory=1 << 30, clock_mhz=clock_mhz
+        )
         refs = tuple((ref[0], ref[1]) for ref in running or ())
         self.batches[name] = self.batches.get(name, 0) + (1 if events else 0)
         self.core.on_agent(

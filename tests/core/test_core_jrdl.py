@@ -143,11 +143,38 @@ REFUSED = [
         ),
         "<fileInput>: needs both a <url> and a <path>",
     ),
-    (doc(job("<subjob><resourceManagerContact/></subjob>")), "co-allocation across sites is not supported yet"),
-    (doc(job("<subjob><jobManagerType/></subjob>")), "co-allocation across sites is not supported yet"),
+    (doc(job("<subjob><resourceManagerContact/></subjob>")), "<resourceManagerContact>: takes exactly one <string>"),
+    (doc(job("<subjob><jobManagerType/></subjob>")), "<jobManagerType>: takes exactly one <enumeration>"),
     (
+        doc(
+            job(
+                f"<subjob><resourceManagerContact><string>{s('http://eros01:8080')}</string></resourceManagerContact>"
+                "</subjob>"
+            )
+        ),
+        "<resourceManagerContact> 'http://eros01:8080' names no site or allocation of this pilot; known: main, main/a1",
+    ),
+    (
+        doc(
+            job(
+                "<subjob><jobManagerType><enumeration><enumerationValue><pbs/></enumerationValue></enumeration>"
+                "</jobManagerType></subjob>"
+            )
+        ),
+        "<jobManagerType> pbs: no site of this pilot is a pbs site; its sites: main (fork)",
+    ),
+    (
+        doc(
+            job(
+                "<subjob><jobManagerType><enumeration><enumerationValue><lsf/></enumerationValue></enumeration>"
+                "</jobManagerType></subjob>"
+            )
+        ),
+        "<lsf/> is not known here: use one of <fork/>, <pbs/>",
+    ),
+    (  # the node reports no clock (as in a container without cpufreq): it cannot meet a clock minimum
         doc(job('<resource><processor><clockSpeed><integer value="1000"/></clockSpeed></processor></resource>')),
-        "<processor>: processor clockSpeed cannot be honoured: the nodes do not report their clock",
+        "1 of 1 node(s) excluded because clock_mhz>=1000 cannot be checked: the node reports no clock_mhz",
     ),
     (
         doc(job(f"<resource><schedulingPlugin><string>{s('Fancy')}</string></schedulingPlugin></resource>")),
@@ -264,8 +291,9 @@ def test_resource_attributes_are_node_requirements_on_the_nodes_facts() -> None:
     env.register("n1")
     cluster = env.core.nodes.cluster
     for name, load, free in (("n0", 0.95, "8G"), ("n1", 0.2, "100M")):
-        values = {"np_load_long": load, "mem_free": free, "opsys": "Linux 6.1", "disk_free": "50G", "num_proc": 4}
-        cluster.nodes[name].values.report_load(cluster.registry, values)
+        values = {"np_load_long": load, "np_load_short": 0.0, "mem_free": free, "opsys": "Linux 6.1"}
+        values["disk_free"] = "50G"
+        cluster.nodes[name].report_load(cluster.registry, values)
         env.core.on_agent(name, Heartbeat())
     light = '<resource><processorLoad><last15Min><integer value="10"/></last15Min></processorLoad></resource>'
     (a,) = ids(env, doc(job(light)))
