@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pilot.core.phase import Phase
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import PlannedProcess
 from pilot.model.job_description import JobDescription, ResourceRequest
@@ -74,14 +75,14 @@ def main(tmp_path: Path) -> None:
             with store.batch() as tx:
                 jobs = [JobRecord(id=jid, description=_desc(), submitted=1.0) for jid in ids]
                 for job in jobs:
-                    job.state, job.state_time, job.phase, job.started = JobState.ACTIVE, 2.0, "ranks", 2.0
-                    job.ranks = [RankPlacement("n0", [0], [], 0)]
+                    job.state, job.state_time, job.phase, job.run.started = JobState.ACTIVE, 2.0, Phase.RANKS, 2.0
+                    job.run.ranks = [RankPlacement("n0", [0], [], 0)]
                     tx.job_update(job, placed=True)
                     tx.process_dispatched(job.id, PlannedProcess("n0", _order(job.id, 0), [0]))
             with store.batch() as tx:
                 for job in jobs:
                     tx.process_result(job.id, 0, ProcessResult("n0", "rank", exit_code=0, data={"max_rss": 1}))
-                    job.state, job.state_time, job.phase, job.ended = JobState.COMPLETED, 3.0, "done", 3.0
+                    job.state, job.state_time, job.phase, job.run.ended = JobState.COMPLETED, 3.0, Phase.DONE, 3.0
                     job.exit_code, job.metadata = 0, {"wall_duration": 1.0}
                     tx.job_update(job)
         dt = time.perf_counter() - t0

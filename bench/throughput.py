@@ -6,10 +6,10 @@ Baseline: ``Popen('/bin/true')`` + ``wait`` from 2 threads, nothing else. Pilot:
 ``/bin/true`` jobs submitted through ``client.JobExecutor`` to an embedded local pilot, timed from the
 first submit to the last final state (pilot start-up excluded, one warm-up job first), the way a
 workflow engine with thousands of jobs at hand submits them: ``submit_all(jobs)`` (PSI/J's bulk
-submit); ``--api submit`` also times a loop of ``submit(job)``, one round trip per job, and ``--api
-pipelined`` the same loop on a pipelined executor (``submit()`` returns once the job is handed to the
-connection; QUEUED follows). ``--api all`` (the default) times each. Runs alternate so that machine
-noise hits all; medians and their ratio are printed.
+submit); ``--api submit`` times the plain PSI/J loop, ``for j in jobs: ex.submit(j)`` then ``j.wait()``
+each, on a default executor, and ``--api roundtrip`` the same loop on an executor that waits for each
+submit's answer (``pipelined=False``). ``--api all`` (the default) times each. Runs alternate so that
+machine noise hits all; medians and their ratio are printed.
 """
 
 from __future__ import annotations
@@ -54,19 +54,19 @@ def raw_spawn_rate(n: int, threads: int = 2, *, cpu: dict[str, float] | None = N
     return rate
 
 
-#: How the jobs go in: one ``submit_all``; one ``submit`` per job, each waiting for its answer; one
-#: ``submit`` per job on a pipelined executor (``JobExecutor(pipelined=True)``).
-APIS = ("submit_all", "submit", "pipelined")
+#: How the jobs go in: one ``submit_all``; one ``submit`` per job on a default executor, then ``wait()``
+#: each; one ``submit`` per job on an executor that waits for each answer (``pipelined=False``).
+APIS = ("submit_all", "submit", "roundtrip")
 
 
 def executor_for(ex: Any, api: str) -> Any:
-    """The executor ``api`` is measured with: ``ex`` itself, or for ``pipelined`` a pipelined executor of
-    the same pilot (close it after use)."""
+    """The executor ``api`` is measured with: ``ex`` itself (a default one), or for ``roundtrip`` one of
+    the same pilot that waits for each submit's answer (close it after use)."""
     import client as psij
 
-    if api != "pipelined":
+    if api != "roundtrip":
         return ex
-    return psij.JobExecutor.get_instance("pilot", url=ex.url, pipelined=True)
+    return psij.JobExecutor.get_instance("pilot", url=ex.url, pipelined=False)
 
 
 def pilot_rate(
@@ -75,14 +75,14 @@ def pilot_rate(
     """Tasks/s for n jobs (``spec``, default /bin/true) through the client; returns (rate, failures).
 
     ``api``: ``submit_all`` (one bulk call, as a workflow engine with the jobs at hand does), ``submit``
-    (one call per job) or ``pipelined`` (one call per job; ``ex`` must be pipelined, see
-    :func:`executor_for`). ``timeout``: seconds to wait for all final states (TimeoutError beyond); None
-    waits forever."""
+    (one call per job, then ``wait()`` each: the plain PSI/J loop) or ``roundtrip`` (one call per job on
+    an executor that waits for each answer, see :func:`executor_for`). ``timeout``: seconds to wait for
+    all final states (TimeoutError beyond); None waits forever."""
     import client as psij
 
     assert isinstance(ex, psij.JobExecutor)
-    assert ex.pipelined == (api == "pipelined"), (
-        f"the {api} runs need {'a' if api == 'pipelined' else 'no'} pipelined executor"
+    assert ex.pipelined == (api != "roundtrip"), (
+        f"the {api} runs need {'no' if api == 'roundtrip' else 'a'} pipelined executor"
     )
     # One wake-up when the last job ends (not one per job: the harness must not eat the cpus it measures).
     done = threading.Event()
@@ -106,11 +106,15 @@ def pilot_rate(
         raise ValueError(f"api must be one of {APIS}, not {api!r}")
     t0 = time.perf_counter()
     deadline = None if timeout is None else t0 + timeout
+    jobs = [psij.Job(spec) for _ in range(n)]
     if api == "submit_all":
-        ex.submit_all([psij.Job(spec) for _ in range(n)])
+        ex.submit_all(jobs)
     else:
-        for _ in range(n):
-            ex.submit(psij.Job(spec))
+        for j in jobs:
+            ex.submit(j)
+    if api == "submit":
+        for j in jobs:
+            j.wait(timeout=None if deadline is None else max(0.0, deadline - time.perf_counter()))
     left = None if deadline is None else max(0.0, deadline - time.perf_counter())
     if not done.wait(timeout=left):
         ex.set_job_status_callback(None)
@@ -166,8 +170,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "--api",
         choices=[*APIS, "all"],
         default="all",
-        help="submit_all: one bulk call; submit: one call per job; pipelined: one call per job on a pipelined "
-        "executor; all (default): each, alternating",
+        help="submit_all: one bulk call; submit: the plain loop on a default executor; roundtrip: the loop on "
+        "an executor that waits for each answer; all (default): each, alternating",
     )
     ap.add_argument("--backlog", type=int, help="pilot.backlog of the embedded pilot (default: the pilot's)")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON here")

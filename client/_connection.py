@@ -106,13 +106,24 @@ class Connection(Reader):
         self._enqueue(rid, pending)
         return self.wait((rid, pending), timeout=timeout)
 
-    def ask(self, kind: str, body: dict[str, Any], *, on_reply: OnReply, on_lost: OnLost, timeout: float) -> None:
+    def ask(
+        self,
+        kind: str,
+        body: dict[str, Any],
+        *,
+        on_reply: OnReply,
+        on_lost: Callable[[str, bool], None],
+        timeout: float,
+    ) -> None:
         """Send one request and return at once: its reply goes to ``on_reply``, or why it was given up
-        (no answer within ``timeout`` seconds, the connection lost or closed) to ``on_lost``, both on the
-        I/O thread. Raises a transient SubmitException when it cannot be queued."""
+        (no answer within ``timeout`` seconds, the connection lost or closed) to ``on_lost``, with
+        whether it had been sent, both on the I/O thread. Raises a transient SubmitException when it
+        cannot be queued."""
         self._check_open()
         rid = next(self._rids)
-        pending = Pending(kind, wire.encode(kind, {**body, "rid": rid}), on_reply, on_lost=on_lost, timeout=timeout)
+        pending = Pending(kind, wire.encode(kind, {**body, "rid": rid}), on_reply, timeout=timeout)
+        pending.on_lost = lambda message: on_lost(message, pending.sent or pending.uncertain)
+        pending.since = time.monotonic()
         self._enqueue(rid, pending)
 
     def submit(

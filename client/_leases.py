@@ -38,10 +38,12 @@ class LeasedIds:
         self._size = FIRST
         self._asking = False
         self._failure: str | None = None  # why the last request for a block was given up
+        self._sent_lost = False  # ... and whether it had been sent (the daemon died before it answered)
 
     def take(self) -> str:
         """The next job id. Waits for a block only when none is left (the first submit, or a stream
-        faster than the pilot answers), as long as a submit would wait (a live pilot, however slow);
+        faster than the pilot answers), as long as a submit would wait (a live pilot, however slow; one
+        whose connection was lost while it was asked, for the next daemon within the request timeout);
         raises a transient SubmitException when none comes (the job was not sent)."""
         start = time.monotonic()
         lost = False  # a request for a block was lost with its connection: the next daemon is waited for
@@ -56,14 +58,14 @@ class LeasedIds:
                         self._ask()
                     return str(job_id)
                 if self._failure is not None:
-                    if time.monotonic() - start >= self._timeout:  # a lease asked for is waited for as a submit
+                    failure, self._failure = self._failure, None
+                    lost = lost or self._sent_lost
+                    if not lost or time.monotonic() - start >= self._timeout:
                         raise SubmitException(
-                            f"the pilot gave no job ids: {self._failure}; the job was not sent: submit it again later",
+                            f"the pilot gave no job ids: {failure}; the job was not sent: submit it again later",
                             transient=True,
                         )
-                    self._failure = None  # lost with a connection: asked again on the next one
-                    lost = True
-                    self._cond.wait(RETRY_PAUSE)
+                    self._cond.wait(RETRY_PAUSE)  # asked again, of the next daemon
                     continue
                 if not self._asking:
                     try:
@@ -73,6 +75,12 @@ class LeasedIds:
                             raise  # no pilot to ask: said at once, as a submit says it
                         continue  # the next daemon may not be up yet: asked again within the timeout
                 self._cond.wait()
+
+    def prefetch(self) -> None:
+        """Ask for the first block now, so that the first submit need not wait for it."""
+        with self._cond:
+            if self._next > self._last and self._ahead is None and not self._asking:
+                self._ask()
 
     def drop(self) -> None:
         """The pilot does not know the ids of these blocks (it was started afresh and gave them to others):
@@ -94,9 +102,8 @@ class LeasedIds:
                 on_lost=self._lost,
                 timeout=self._timeout,
             )
-        except SubmitException as exc:
+        except SubmitException:
             self._asking = False
-            self._failure = exc.message
             raise
 
     def _granted(self, body: dict[str, Any]) -> None:
@@ -109,8 +116,9 @@ class LeasedIds:
                 self._failure = str(body.get("error") or f"malformed lease from the pilot: {str(body)[:200]}")
             self._cond.notify_all()
 
-    def _lost(self, message: str) -> None:
+    def _lost(self, message: str, sent: bool) -> None:
         with self._cond:
             self._asking = False
             self._failure = message
+            self._sent_lost = sent
             self._cond.notify_all()

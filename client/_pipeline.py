@@ -143,6 +143,10 @@ class Pipeline:
                 self._open = None
                 raise
 
+    def prefetch(self) -> None:
+        """Lease the first job ids now (see :class:`LeasedIds`); raises SubmitException if it cannot ask."""
+        self._ids.prefetch()
+
     def wait_answered(self, job_id: str, timeout: float) -> bool:
         """Wait until the pilot's answer for job ``job_id`` is read (or the job was given up): a cancel
         must not overtake its submit. False at the timeout."""

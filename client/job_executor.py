@@ -25,6 +25,7 @@ without ever running twice (``client/_pipeline.py``).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import getpass
 import os
@@ -95,6 +96,12 @@ class JobExecutor:
         pipelined = pipelined_choice(pipelined, self.config)
         self._backend = Backend(url, request_timeout=request_timeout, pipelined=pipelined)
         self._callback: JobStatusCallback | None = None
+        if url is not None and self._backend.pipeline is not None:
+            # A pilot named by its address is connected to now and the first job ids leased, so that
+            # the first submit does not wait for them (the default pilot, which may have to be started,
+            # is left to the first use).
+            with contextlib.suppress(SubmitException):
+                self._backend.pipeline.prefetch()
 
     @property
     def pipelined(self) -> bool:

@@ -128,14 +128,17 @@ class AsyncJobExecutor:
     """``ex = await AsyncJobExecutor.connect(url)`` (or ``async with AsyncJobExecutor(url) as ex``), then
     ``await ex.submit(job)``, ``await job.wait()``, ``async for job, status in ex.events()``,
     ``await ex.cancel(job)``, ``await ex.close()``. ``url``, ``request_timeout`` and ``pipelined`` mean
-    what they mean for :class:`client.JobExecutor`. Bound to the event loop it was opened in."""
+    what they mean for :class:`client.JobExecutor`, but ``pipelined`` is False unless asked for: awaiting
+    a submit's answer costs no thread here, and submits awaited together travel together, so ``await
+    ex.submit(job)`` can return with the job QUEUED (or raise the pilot's refusal) at the pilot's pace.
+    Bound to the event loop it was opened in."""
 
     def __init__(
         self,
         url: str | None = None,
         *,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        pipelined: bool | None = None,
+        pipelined: bool = False,
     ) -> None:
         self._sync = JobExecutor(url, request_timeout=request_timeout, pipelined=pipelined)  # lazy: no I/O
         self._calls: LoopCall[tuple[AsyncJob, JobStatus]] | None = None  # made on the loop by _open
@@ -151,7 +154,7 @@ class AsyncJobExecutor:
         url: str | None = None,
         *,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        pipelined: bool | None = None,
+        pipelined: bool = False,
     ) -> AsyncJobExecutor:
         """An executor connected to the pilot at ``url`` (else the default one, else an embedded pilot
         started for it): raises SubmitException when none answers within ``request_timeout``."""
