@@ -440,15 +440,28 @@ def mask_environment(env: Mapping[str, str]) -> dict[str, str]:
 
 def redact(value: Any) -> Any:
     """``value`` with secret-looking fields masked, recursively; for logs and ``pilot status`` alike."""
+    t = type(value)
+    if t is str:
+        return mask_text(value)
+    if t in _PLAIN:
+        return value
+    if t is dict or isinstance(value, Mapping):
+        return {k: (MASK if isinstance(k, str) and secret_name(k) else redact(v)) for k, v in value.items()}
+    if t is list:
+        return [redact(v) for v in value]
+    if t is tuple:
+        return tuple(redact(v) for v in value)
     if isinstance(value, str):
         return mask_text(value)
-    if isinstance(value, Mapping):
-        return {k: (MASK if isinstance(k, str) and secret_name(k) else redact(v)) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v) for v in value]
     if isinstance(value, tuple):
         return tuple(redact(v) for v in value)
     return value
+
+
+#: Types that hold nothing to mask or hide (checked by identity first: every log field passes here).
+_PLAIN: Final = frozenset({int, float, bool, type(None)})
 
 
 def _is_environment(name: Any, value: Any) -> bool:
@@ -458,7 +471,10 @@ def _is_environment(name: Any, value: Any) -> bool:
 
 
 def _hide_environments(value: Any) -> Any:
-    if isinstance(value, Mapping):
+    t = type(value)
+    if t is str or t in _PLAIN:
+        return value
+    if t is dict or isinstance(value, Mapping):
         return {k: (_env_summary(v) if _is_environment(k, v) else _hide_environments(v)) for k, v in value.items()}
     if isinstance(value, list):
         return [_hide_environments(v) for v in value]
@@ -477,13 +493,24 @@ class RedactSecrets:
 
     def __init__(self, *, keep_environments: bool = False) -> None:
         self.keep_environments = keep_environments
+        #: What each field name is (the same few names come with every event): 1 a secret's, 2 an
+        #: environment's, 0 neither.
+        self._names: dict[str, int] = {}
 
     def __call__(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        names = self._names
         for k, v in list(event_dict.items()):
-            if secret_name(k):
+            kind = names.get(k)
+            if kind is None:
+                kind = names[k] = 1 if secret_name(k) else 2 if _ENV_FIELD.search(k) else 0
+            if kind == 1:
                 event_dict[k] = MASK
-            elif not self.keep_environments and _is_environment(k, v):
+            elif type(v) in _PLAIN:
+                continue
+            elif kind == 2 and not self.keep_environments and isinstance(v, Mapping | list | tuple):
                 event_dict[k] = _env_summary(v)
-            elif isinstance(v, str | Mapping | list | tuple):
+            elif isinstance(v, str):
+                event_dict[k] = mask_text(v)
+            elif isinstance(v, Mapping | list | tuple):
                 event_dict[k] = redact(v if self.keep_environments else _hide_environments(v))
         return event_dict
