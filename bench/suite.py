@@ -3,7 +3,7 @@
     python -m bench [--quick] [--only NAME[,NAME]] [--repeat N] [--json FILE]
 
 Workloads (names for ``--only``): throughput, efficiency, roundtrip, depth, submit, scheduler, memory,
-multinode, null. Each one that needs a pilot starts an embedded local pilot the way a user would
+multinode, null, psij. Each one that needs a pilot starts an embedded local pilot the way a user would
 (``client.JobExecutor.get_instance("pilot")`` with ``PILOT_CONFIG`` pointing at a private config, under a
 temporary ``PILOT_HOME``), and closes it before the next. Every wait is bounded; a workload that fails or
 times out prints ``error`` in its row and the suite goes on.
@@ -460,6 +460,31 @@ def w_null(home: Path, s: Sizes) -> Row:
     )
 
 
+def w_psij(home: Path, s: Sizes) -> Row:
+    """Code written for psij-python, unchanged: the plain loop through psij-python and our plugin."""
+    from bench.psij_loop import main as psij_loop
+
+    n = s.pick(1000, 10_000)
+    out = psij_loop(["--tasks", str(n), "--repeat", str(s.repeat)])
+    ratio = out["ratio"]["psij-python"]
+    raw = med(out["raw_spawn_per_s"])
+    own = out["own_cpu_us_per_job"]
+    return Row(
+        "psij",
+        f"{n:,} x /bin/true, plain loop through psij-python 0.9.11 and the plugin",
+        med(out["per_s"]["psij-python"]),
+        "tasks/s",
+        raw,
+        "raw spawn/s",
+        ratio,
+        ">= 0.60",
+        ratio >= 0.60,
+        f"our client's same loop: ratio {out['ratio']['client']:.2f}; psij-python's own work {own['psij-python']:.0f} "
+        f"cpu µs/job (ours {own['client']:.0f})",
+        out,
+    )
+
+
 WORKLOADS: dict[str, Callable[[Path, Sizes], Row | list[Row]]] = {
     "throughput": w_throughput,
     "efficiency": w_efficiency,
@@ -470,6 +495,7 @@ WORKLOADS: dict[str, Callable[[Path, Sizes], Row | list[Row]]] = {
     "memory": w_memory,
     "multinode": w_multinode,
     "null": w_null,
+    "psij": w_psij,
 }
 
 
