@@ -122,7 +122,7 @@ def _run(args: argparse.Namespace, psij: Any, client: Any) -> dict[str, Any]:
                     file=sys.stderr,
                 )
         finally:
-            theirs.close()  # type: ignore[attr-defined]  # our plugin's: psij-python's ABC has none
+            theirs.close()  # our plugin's (psij-python's ABC has none)
             ours.close()
     own = {"psij-python": psij_own_cost(args.tasks), "client": ours_own_cost(args.tasks)}
     r = statistics.median(raw)
