@@ -150,26 +150,19 @@ class Pipeline:
     def wait_answered(self, job_id: str, timeout: float) -> bool:
         """Wait until the pilot's answer for job ``job_id`` is read (or the job was given up): a cancel
         must not overtake its submit. False at the timeout."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            self._waiters += 1
-            try:
-                while job_id in self._unanswered:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return False
-                    self._cond.wait(left)
-            finally:
-                self._waiters -= 1
-        return True
+        return self._wait_until(lambda: job_id not in self._unanswered, timeout)
 
     def flush(self, timeout: float) -> bool:
         """Wait until every job submitted has its answer (or was given up); False at the timeout."""
+        return self._wait_until(lambda: not self._count, timeout)
+
+    def _wait_until(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Wait on ``_cond`` (notified when answers are read) until ``done()``; False at the timeout."""
         deadline = time.monotonic() + timeout
         with self._cond:
             self._waiters += 1
             try:
-                while self._count:
+                while not done():
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return False

@@ -83,18 +83,7 @@ class Job:
         target_states: JobState | Sequence[JobState] | None = None,
     ) -> JobStatus | None:
         """Until a target state (or any later one) or a final state; None on timeout."""
-        if isinstance(timeout, timedelta):
-            timeout = timeout.total_seconds()
-        if target_states is None:
-            targets: list[JobState] = []
-        elif isinstance(target_states, JobState):
-            targets = [target_states]
-        else:
-            targets = list(target_states)
-
-        def reached() -> bool:
-            s = self._status.state
-            return s.final or any(s is t or s.is_greater_than(t) for t in targets)
+        timeout, reached = wait_terms(lambda: self._status.state, timeout, target_states)
 
         with self._cv:
             self._waiting += 1
@@ -175,3 +164,26 @@ def _entered_at(skipped: JobState, status: JobStatus) -> float | None:
     ):
         return float(started)
     return status.time
+
+
+def wait_terms(
+    state: Callable[[], JobState],
+    timeout: timedelta | float | None,
+    target_states: JobState | Sequence[JobState] | None,
+) -> tuple[float | None, Callable[[], bool]]:
+    """PSI/J's wait() arguments as seconds and a test of the job's ``state()``: a target state (or a
+    later one) or a final state reached. The sync and the async Job share it."""
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    if target_states is None:
+        targets: list[JobState] = []
+    elif isinstance(target_states, JobState):
+        targets = [target_states]
+    else:
+        targets = list(target_states)
+
+    def reached() -> bool:
+        s = state()
+        return bool(s.final or any(s is t or s.is_greater_than(t) for t in targets))
+
+    return timeout, reached

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from client.exceptions import SubmitException
-from client.job import Job
+from client.job import Job, wait_terms
 from client.job_spec import JobSpec
 from client.job_status import JobStatus
 from pilot.model.job_state import JobState
@@ -62,18 +62,7 @@ class AsyncJob:
     ) -> JobStatus | None:
         """Until a target state (or any later one) or a final state, as :meth:`client.Job.wait`; None
         after ``timeout`` seconds. Cancelling the awaiting task only stops the waiting."""
-        if isinstance(timeout, timedelta):
-            timeout = timeout.total_seconds()
-        if target_states is None:
-            targets: list[JobState] = []
-        elif isinstance(target_states, JobState):
-            targets = [target_states]
-        else:
-            targets = list(target_states)
-
-        def reached() -> bool:
-            s = self._status.state
-            return s.final or any(s is t or s.is_greater_than(t) for t in targets)
+        timeout, reached = wait_terms(lambda: self._status.state, timeout, target_states)
 
         with anyio.move_on_after(timeout):
             while not reached():
