@@ -49,6 +49,8 @@ SUBMIT_FIRST = 16
 #: Requests of one batch in flight at most: enough to keep the pilot busy between replies, few enough
 #: that it never holds a large backlog of unanswered jobs (its memory high-water mark grows with that).
 SUBMIT_WINDOW = 4
+#: Seconds between asking again to attach a job whose submit has not reached the pilot yet.
+ATTACH_RETRY = 0.05
 
 
 #: Environment variable that says whether executors are pipelined unless they are told otherwise (tools
@@ -239,9 +241,15 @@ class Backend:
                     return  # no event will follow: a sink would never be removed
                 conn.subscribe(native_id, sink)
 
-        result = _first(
-            conn.request(wire.Kind.ATTACH, {"ids": [native_id]}, timeout=self.request_timeout, on_reply=on_reply)
-        )
+        deadline = time.monotonic() + self.request_timeout
+        while True:
+            result = _first(
+                conn.request(wire.Kind.ATTACH, {"ids": [native_id]}, timeout=self.request_timeout, on_reply=on_reply)
+            )
+            # An id leased to a client whose submit has not reached the pilot yet: it comes within moments.
+            if not (result.get("pending") and time.monotonic() < deadline):
+                break
+            time.sleep(ATTACH_RETRY)
         if "error" in result:
             raise InvalidJobException(str(result["error"]))
         status = report(result["status"])

@@ -132,6 +132,10 @@ class Admission(Part):
             history = self.book.history
             found = history.job_status(job_id) if history is not None else None
             if found is None:
+                leased = leased_id(job_id)
+                if leased is not None and self.book.leases.state(leased) == "free":
+                    # Leased to a client whose submit is on its way: the asker may try again shortly.
+                    return {"error": f"job {job_id} is not in this pilot yet: its submit has not come", "pending": True}
                 return {"error": f"no job {job_id!r} in this pilot"}
             status, name = found  # ended: its final status is all there is to follow
             return {"id": job_id, "status": status, "name": name}
