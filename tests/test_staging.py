@@ -504,6 +504,28 @@ def test_canceling_a_job_breaks_off_its_slow_download_and_leaves_nothing_in_the_
     assert not (tmp_path / "in.dat").exists()
 
 
+def test_pilot_down_during_a_slow_download_breaks_it_off_and_leaves_nothing_in_the_cache(
+    start_pilot: Callable[..., Pilot], tmp_path: Path, web: tuple[Server, Path]
+) -> None:
+    server, root = web
+    (root / "whole.dat").write_text("W")
+    pilot = start_pilot()
+    ex = pilot.executor()
+    spec = psij.JobSpec(
+        "/bin/true", directory=tmp_path, stage_in={StageIn(URI(f"{server.url}/trickle/whole.dat"), "in.dat")}
+    )
+    job = psij.Job(spec)
+    ex.submit(job)
+    wait_for(lambda: server.gets.get("/trickle/whole.dat") == 1, 30, "the agent to begin the download")
+    caches = list(pilot.rundir.path.glob("**/stage-cache/*"))
+    ex.close()
+    down = pilot.cli("down", timeout=30)  # (not broken off, the agent would wait a minute for the download)
+    assert down.returncode == 0, down.stderr
+    wait_for(lambda: server.gone == ["/trickle/whole.dat"], 20, "the agent to hang up")
+    assert caches and [p for c in caches for p in c.iterdir()] == [], "a partial download stayed in the cache"
+    assert not (tmp_path / "in.dat").exists()
+
+
 def test_http_copy_gives_each_task_a_writable_file_of_its_own(
     start_pilot: Callable[..., Pilot], tmp_path: Path, web: tuple[Server, Path]
 ) -> None:
