@@ -118,13 +118,10 @@ class Stager:
             if stop.reason is not None:  # stopped: what the broken transfer raised is not the cause
                 kind, data = "exited", {"reason": stop.reason, "spawned": False}
                 log.info("staging stopped", node=self._node, job=order.job_id, role=order.role, reason=stop.reason)
-                self._done(ref, kind, data)
-                return
-            kind, data = "failed", {"message": str(exc) if isinstance(exc, _StepFailed) else f"{order.role}: {exc!r}"}
-            log.warning("staging failed", node=self._node, job=order.job_id, role=order.role, error=data["message"])
-        self._done(ref, kind, data)
-
-    def _done(self, ref: ProcessRef, kind: str, data: dict[str, Any]) -> None:
+            else:
+                message = str(exc) if isinstance(exc, _StepFailed) else f"{order.role}: {exc!r}"
+                kind, data = "failed", {"message": message}
+                log.warning("staging failed", node=self._node, job=order.job_id, role=order.role, error=message)
         with self._lock:
             self._orders.pop(ref, None)
             self._events.append(TaskEvent(ref[0], ref[1], kind, time.time(), data))
