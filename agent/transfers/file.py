@@ -40,9 +40,7 @@ def place(source: Path, target: Path, *, mode: str, stop: Stop) -> None:
         _clear(target)
         shutil.move(source, target)
     elif source.is_dir():
-        shutil.copytree(
-            source, target, symlinks=True, dirs_exist_ok=True, copy_function=lambda s, d: copy(s, d, stop=stop)
-        )
+        _copy_tree(source, target, stop=stop)
     else:
         copy(source, target, stop=stop)
 
@@ -70,6 +68,25 @@ def copy(source: str | Path, target: str | Path, *, stop: Stop) -> None:
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+def _copy_tree(source: Path, target: Path, *, stop: Stop) -> None:
+    """A directory merged into ``target``, its links kept as links; each entry replaced whole (not
+    ``shutil.copytree``: a link another node made there already would be an error)."""
+    if target.is_symlink() or target.is_file():
+        target.unlink(missing_ok=True)
+    target.mkdir(parents=True, exist_ok=True)
+    with os.scandir(source) as entries:
+        for entry in entries:
+            stop.check()
+            inner = Path(entry.path)
+            if entry.is_symlink():
+                link(Path(os.readlink(inner)), target / entry.name)
+            elif entry.is_dir():
+                _copy_tree(inner, target / entry.name, stop=stop)
+            else:
+                copy(inner, target / entry.name, stop=stop)
+    shutil.copystat(source, target)
 
 
 def link(source: Path, target: Path) -> None:
