@@ -4,8 +4,11 @@ carried out here, on the job's node, before its processes start and after they e
 Transfers block (a copy, an HTTP fetch), so they run in a small pool of worker threads, never in the
 agent's loop; the loop only hands orders over and collects their events (one ``exited`` with exit code 0
 when every step is done, or one ``failed`` naming the file and the cause), woken through the same
-``notify`` as the process engine. A killed order stops before its next step and is reported not done.
-Steps go in the order given; relative paths are under the order's directory (the job's).
+``notify`` as the process engine. A killed order stops at once, its transfer under way broken off
+(:class:`agent.transfers.Stop`), and is reported not done. Steps go in the order given; relative paths
+are under the order's directory (the job's). The agents of a job's nodes may stage into one directory
+at once (a shared filesystem): every step is safe to run twice concurrently (files land whole by a
+rename, a path already removed is no error).
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from typing import Any, Final
 import structlog
 
 from agent.stage_cache import StageCache
-from agent.transfers import TRANSFERS, TransferError
-from agent.transfers.file import local_path, place
+from agent.transfers import TRANSFERS, Interrupted, Stop, TransferError
+from agent.transfers.file import link, local_path, place
 from pilot.model.process_order import ProcessOrder
 from pilot.model.staging import REMOVE, Step, url_parts
 from pilot.wire.messages import ProcessRef, TaskEvent
@@ -35,10 +38,6 @@ log = structlog.get_logger("agent.staging")
 WORKERS: Final = 4
 
 
-class _Canceled(Exception):
-    pass
-
-
 class Stager:
     def __init__(self, *, node: str, workdir: Path, notify: Callable[[], None], workers: int = WORKERS) -> None:
         self._node = node
@@ -46,7 +45,7 @@ class Stager:
         self._notify = notify
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stager")
         self._lock = threading.Lock()
-        self._orders: dict[ProcessRef, tuple[Future[None], list[str]]] = {}  # ref -> (its run, [kill reason])
+        self._orders: dict[ProcessRef, tuple[Future[None], Stop]] = {}  # ref -> (its run, its stop)
         self._events: list[TaskEvent] = []
         self.cache = StageCache(workdir / "stage-cache" / node)
 
@@ -54,21 +53,21 @@ class Stager:
 
     def submit(self, order: ProcessOrder) -> None:
         ref = (order.job_id, order.slot)
-        killed: list[str] = []
+        stop = Stop()
         with self._lock:
             if ref in self._orders:
                 return  # (a daemon that resent it: the one under way reports)
-            self._orders[ref] = (self._pool.submit(self._run, order, killed), killed)
+            self._orders[ref] = (self._pool.submit(self._run, order, stop), stop)
 
     def kill(self, ref: ProcessRef, *, reason: str) -> bool:
-        """Stop ``ref`` before its next step (at once if it has not begun); False if unknown."""
+        """Stop ``ref`` now (its transfer under way is broken off); False if unknown."""
         with self._lock:
             held = self._orders.get(ref)
             if held is None:
                 return False
-            future, killed = held
-            killed.append(reason)
+            future, stop = held
             if not future.cancel():
+                stop.set(reason)  # (its hooks only shut sockets down: quick)
                 return True
             del self._orders[ref]
             self._events.append(TaskEvent(ref[0], ref[1], "exited", time.time(), {"reason": reason, "spawned": False}))
@@ -96,78 +95,84 @@ class Stager:
 
     def stop(self) -> None:
         """Orders not begun are dropped (the agent is going: its daemon hears of them as lost); those
-        under way finish their current step first."""
+        under way are stopped (their transfers broken off)."""
         with self._lock:
-            for _, killed in self._orders.values():
-                killed.append("agent exiting")
+            stops = [stop for _, stop in self._orders.values()]
+        for stop in stops:
+            stop.set("agent exiting")
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # -- in a worker thread -----------------------------------------------------------------------
 
-    def _run(self, order: ProcessOrder, killed: list[str]) -> None:
+    def _run(self, order: ProcessOrder, stop: Stop) -> None:
         ref = (order.job_id, order.slot)
         base = Path(self._cwd, os.path.expanduser(order.directory))
         counts = {"transfers": 0, "cache_hits": 0}
         data: dict[str, Any]
         try:
             for raw in order.staging:
-                if killed:
-                    raise _Canceled(killed[0])
-                self._step(order.role, Step.from_wire(raw), base, counts)
+                stop.check()
+                self._step(order.role, Step.from_wire(raw), base, counts, stop)
             kind, data = "exited", {"exit_code": 0, "staging": counts}
-        except _Canceled as exc:
-            kind, data = "exited", {"reason": str(exc), "spawned": False}
         except Exception as exc:  # every failure ends the order, with its cause
-            kind, data = "failed", {"message": str(exc) if isinstance(exc, _StepFailed) else f"{order.role}: {exc!r}"}
-            log.warning("staging failed", node=self._node, job=order.job_id, role=order.role, error=data["message"])
+            if stop.reason is not None:  # stopped: what the broken transfer raised is not the cause
+                kind, data = "exited", {"reason": stop.reason, "spawned": False}
+                log.info("staging stopped", node=self._node, job=order.job_id, role=order.role, reason=stop.reason)
+            else:
+                message = str(exc) if isinstance(exc, _StepFailed) else f"{order.role}: {exc!r}"
+                kind, data = "failed", {"message": message}
+                log.warning("staging failed", node=self._node, job=order.job_id, role=order.role, error=message)
         with self._lock:
             self._orders.pop(ref, None)
             self._events.append(TaskEvent(ref[0], ref[1], kind, time.time(), data))
         self._notify()
 
-    def _step(self, role: str, step: Step, base: Path, counts: dict[str, int]) -> None:
+    def _step(self, role: str, step: Step, base: Path, counts: dict[str, int], stop: Stop) -> None:
         if step.action == REMOVE:
             _remove(base / step.source)
             return
         what = "stage-in" if role == "stage_in" else "stage-out"
         try:
             if role == "stage_in":
-                self._stage_in(step, base / step.target, counts)
+                self._stage_in(step, base / step.target, counts, stop)
             else:
                 source = base / step.source
                 if not os.path.lexists(source):
                     if step.if_present:
                         return
                     raise TransferError(f"{source} does not exist (StageOutFlags.IF_PRESENT skips a missing file)")
-                TRANSFERS[url_parts(step.target)[0]].put(source, step.target, mode=step.action)
+                TRANSFERS[url_parts(step.target)[0]].put(source, step.target, mode=step.action, stop=stop)
                 counts["transfers"] += 1
+        except Interrupted:
+            raise
         except (TransferError, OSError, KeyError) as exc:
             cause = f"no transfer module for {exc}" if isinstance(exc, KeyError) else str(exc)
             raise _StepFailed(
                 f"{what} of {step.source!r} to {step.target!r} on node {self._node} failed: {cause}"
             ) from None
 
-    def _stage_in(self, step: Step, target: Path, counts: dict[str, int]) -> None:
+    def _stage_in(self, step: Step, target: Path, counts: dict[str, int], stop: Stop) -> None:
         scheme = url_parts(step.source)[0]
         transfer = TRANSFERS[scheme]
         target.parent.mkdir(parents=True, exist_ok=True)
-        if scheme == "file" and step.action == "copy":
-            key = _file_version(step.source)
-            if key is not None:  # a regular file: read from its filesystem once per node, copied locally
-                cached, hit = self.cache.get(key, lambda path: transfer.fetch(step.source, path, mode="copy"))
-                counts["cache_hits" if hit else "transfers"] += 1
-                place(cached, target, mode="copy")
-                os.chmod(target, 0o644)  # the task's own copy, writable (the cache entry is read-only)
+        key = step.source
+        if not transfer.cached:  # a file: through the cache only when copied, and a regular file
+            version = _file_version(step.source) if scheme == "file" and step.action == "copy" else None
+            if version is None:
+                transfer.fetch(step.source, target, mode=step.action, stop=stop)
+                counts["transfers"] += 1
                 return
-        if not transfer.cached:
-            transfer.fetch(step.source, target, mode=step.action)
-            counts["transfers"] += 1
-            return
-        cached, hit = self.cache.get(step.source, lambda path: transfer.fetch(step.source, path, mode="copy"))
+            key = version
+        cached, hit = self.cache.get(
+            key, lambda path: transfer.fetch(step.source, path, mode="copy", stop=stop), stop=stop
+        )
         counts["cache_hits" if hit else "transfers"] += 1
-        if target.is_symlink() or target.is_file():
-            target.unlink()
-        os.symlink(cached, target)
+        if step.action == "link":
+            link(cached, target)
+        else:  # COPY (and MOVE, which a remote source cannot do): the task's own copy, writable (the
+            # cache entry is read-only)
+            place(cached, target, mode="copy", stop=stop)
+            os.chmod(target, 0o644)
 
 
 class _StepFailed(Exception):
@@ -187,11 +192,17 @@ def _file_version(url: str) -> str | None:
 
 
 def _remove(path: Path) -> None:
-    """Cleanup: a missing path is no error (it may never have been made, or a stage-out moved it)."""
+    """Cleanup: a missing path is no error (it may never have been made, a stage-out moved it, or
+    another node of the job removed it from a shared directory first)."""
     if path.is_symlink() or path.is_file():
-        path.unlink()
+        path.unlink(missing_ok=True)
     elif path.is_dir():
-        shutil.rmtree(path)
+        shutil.rmtree(path, onerror=_gone_is_fine)
+
+
+def _gone_is_fine(function: Any, path: str, exc_info: Any) -> None:
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]
 
 
 __all__ = ["Stager"]

@@ -27,6 +27,7 @@ class _Files(http.server.SimpleHTTPRequestHandler):
     """Serves the test's directory; counts each GET per path (what the stage-in cache saves)."""
 
     gets: dict[str, int]
+    gone: list[str]
     lock = threading.Lock()
 
     def do_GET(self) -> None:
@@ -35,7 +36,28 @@ class _Files(http.server.SimpleHTTPRequestHandler):
         if self.path.startswith("/slow/"):  # a 5-second transfer: the headers only after 5 s
             time.sleep(5)
             self.path = self.path[len("/slow") :]
+        if self.path.startswith("/trickle/"):  # a byte every 0.1 s of a megabyte: a minute-long stall at most
+            self._trickle()
+            return
+        if self.path.startswith("/once/"):  # served to the first GET only; later ones fail
+            if self.gets[self.path] > 1:
+                self.send_error(503, "served once already")
+                return
+            self.path = self.path[len("/once") :]
         super().do_GET()
+
+    def _trickle(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(1 << 20))
+        self.end_headers()
+        try:
+            for _ in range(600):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.1)
+        except OSError:  # the client hung up
+            with self.lock:
+                self.gone.append(self.path)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -44,8 +66,11 @@ class _Files(http.server.SimpleHTTPRequestHandler):
 class Server:
     def __init__(self, root: Path) -> None:
         gets: dict[str, int] = {}
-        handler = type("Handler", (_Files,), {"gets": gets})
+        gone: list[str] = []
+        handler = type("Handler", (_Files,), {"gets": gets, "gone": gone})
         self.gets = gets
+        #: Paths whose trickled answer the client broke off.
+        self.gone = gone
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root)))
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -230,7 +255,11 @@ def test_three_nodes_each_task_stages_on_its_own_node_through_one_cache_per_node
         work.mkdir()
         spec = psij.JobSpec(
             "/bin/sh",
-            ["-c", 'echo "$PILOT_NODE $(readlink data.bin) $(cksum < data.bin)"; sleep 0.3'],
+            [
+                "-c",
+                'echo "$PILOT_NODE $(readlink data.bin || echo writable=$(test -w data.bin && echo y)) '
+                '$(cksum < data.bin)"; sleep 0.3',
+            ],
             directory=work,
             stdout_path=work / "out",
             stage_in={
@@ -239,16 +268,18 @@ def test_three_nodes_each_task_stages_on_its_own_node_through_one_cache_per_node
         )
         job = psij.Job(spec)
         ex.submit(job)
-        jobs.append((job, work))
+        jobs.append((job, work, i % 2 == 1))
     nodes: dict[str, int] = {}
     hits = fetched = 0
     cksum = subprocess.run(["cksum"], input=(root / "data.bin").read_bytes(), capture_output=True, check=True).stdout
-    for job, work in jobs:
+    for job, work, linked in jobs:
         status = job.wait(timeout=WAIT)
         assert status is not None and status.state is psij.JobState.COMPLETED, status
         node, link, *rest = (work / "out").read_text().split()
-        # Staged by the agent of the node the task ran on: the link points into that node's cache.
-        assert f"/stage-cache/{node}/" in link, (node, link)
+        if linked:  # staged by the agent of the node the task ran on: the link points into that node's cache
+            assert f"/stage-cache/{node}/" in link, (node, link)
+        else:  # COPY: a file of its own, writable (not a link to the read-only cache entry)
+            assert link == "writable=y", (node, link)
         assert " ".join(rest) == cksum.decode().strip()
         assert (status.metadata or {})["nodes"] == [node]
         nodes[node] = nodes.get(node, 0) + 1
@@ -258,6 +289,86 @@ def test_three_nodes_each_task_stages_on_its_own_node_through_one_cache_per_node
     # One transfer per node: every other stage-in of the same source on a node is a cache hit.
     assert server.gets == {"/data.bin": 3}, server.gets
     assert fetched == 3 and hits == 21, (fetched, hits)
+
+
+#: Each task, on whichever node it runs, checks that its node's own agent staged its file in before it
+#: started: that node's stage-in cache (each virtual node's agent has its own directory) holds the
+#: fetched file, and the task's copy is a regular, writable file with the same bytes.
+ON_ITS_NODE = """
+test -f data.bin && test ! -L data.bin && test -w data.bin || exit 11
+for entry in $(find "$RUNDIR" -path "*/stage-cache/$PILOT_NODE/*" -type f); do cmp -s data.bin "$entry" && found=1; done
+test -n "$found" || exit 12
+echo "$PILOT_NODE $PILOT_RANK" > "seen.$PILOT_RANK"
+"""
+
+
+def test_a_job_on_two_of_three_nodes_stages_in_on_each_of_its_nodes_before_any_process_starts(
+    start_pilot: Callable[..., Pilot], tmp_path: Path, web: tuple[Server, Path]
+) -> None:
+    server, root = web
+    (root / "data.bin").write_bytes(bytes(range(256)) * 4096)
+    (tmp_path / "local.txt").write_text("L")
+    pilot = start_pilot(THREE_NODES, name="three")
+    ex = pilot.executor()
+    agents_active(ex, 3)
+    work = tmp_path / "work"
+    work.mkdir()
+    spec = psij.JobSpec(
+        "/bin/sh",
+        ["-c", ON_ITS_NODE],
+        directory=work,
+        environment={"RUNDIR": str(pilot.rundir.path)},
+        launcher="multiple",
+        resources=psij.ResourceSpecV1(node_count=2, processes_per_node=2),
+        stage_in={
+            StageIn(URI(f"{server.url}/data.bin"), "data.bin", StagingMode.COPY),
+            StageIn(tmp_path / "local.txt", "moved.txt", StagingMode.MOVE),
+        },
+        stage_out={StageOut("seen.0", tmp_path / "out" / "seen.0")},
+        cleanup={"data.bin"},
+    )
+    _, status, seen = run(ex, spec)
+    assert status.state is psij.JobState.COMPLETED, status
+    assert psij.JobState.STAGE_IN in seen and psij.JobState.CLEANUP in seen, seen
+    ranks = dict(sorted((w.read_text().split()[1], w.read_text().split()[0]) for w in work.glob("seen.*")))
+    assert sorted(ranks) == ["0", "1", "2", "3"], ranks
+    nodes = set(ranks.values())
+    assert len(nodes) == 2, f"the job's 4 processes ran on {ranks}, not on two nodes"
+    # One fetch by each of its two nodes (the third node, which runs nothing of it, fetched nothing).
+    assert server.gets == {"/data.bin": 2}, server.gets
+    for node in nodes:  # (the fetched file, and on the node that copied local.txt: that too)
+        assert 1 <= len(list(pilot.rundir.path.glob(f"**/stage-cache/{node}/*"))) <= 2, node
+    # The MOVE went once (the other node copied first), the stage-out once, the cleanup on both nodes.
+    assert (work / "moved.txt").read_text() == "L" and not (tmp_path / "local.txt").exists()
+    assert (tmp_path / "out" / "seen.0").read_text().split()[1] == "0"
+    assert not (work / "data.bin").exists()
+    assert (status.metadata or {})["stage_in_transfers"] == 2 + 2, status.metadata  # (the file: copied, moved)
+
+
+def test_a_stage_in_failing_on_one_node_of_a_job_fails_it_naming_the_node_and_nothing_starts(
+    start_pilot: Callable[..., Pilot], tmp_path: Path, web: tuple[Server, Path]
+) -> None:
+    server, root = web
+    (root / "data.bin").write_text("D")
+    pilot = start_pilot(THREE_NODES, name="three")
+    ex = pilot.executor()
+    agents_active(ex, 3)
+    spec = psij.JobSpec(
+        "/bin/sh",
+        ["-c", f"touch {tmp_path}/ran.$PILOT_RANK"],
+        directory=tmp_path,
+        launcher="multiple",
+        resources=psij.ResourceSpecV1(node_count=2, processes_per_node=2),
+        stage_in={StageIn(URI(f"{server.url}/once/data.bin"), "data.bin")},
+    )
+    _, status, seen = run(ex, spec)
+    assert status.state is psij.JobState.FAILED, status
+    message = status.message or ""
+    assert "once/data.bin" in message and "503" in message, message
+    assert any(f"on node local-{i} " in message for i in range(3)), message
+    assert psij.JobState.ACTIVE not in seen
+    assert not list(tmp_path.glob("ran.*")), "a process started although a node's stage-in failed"
+    assert server.gets == {"/once/data.bin": 2}, server.gets
 
 
 def test_a_shared_file_copied_in_by_many_tasks_is_read_once_per_node_and_each_task_gets_its_own_copy(
@@ -364,6 +475,78 @@ def test_a_job_canceled_while_staging_in_ends_canceled_and_never_runs(
     status = job.wait(timeout=WAIT)
     assert status is not None and status.state is psij.JobState.CANCELED, status
     assert not marker.exists(), "a job canceled while staging in ran"
+
+
+def test_canceling_a_job_breaks_off_its_slow_download_and_leaves_nothing_in_the_cache(
+    start_pilot: Callable[..., Pilot], tmp_path: Path, web: tuple[Server, Path]
+) -> None:
+    """A server that trickles a byte every 0.1 s would hold a stage-in for a minute: cancel stops the
+    transfer itself (the server sees the connection closed), the job ends CANCELED, no partial file is
+    left in the node's cache, and a later job staging the same URL fetches it afresh."""
+    server, root = web
+    (root / "whole.dat").write_text("W")
+    pilot = start_pilot()
+    ex = pilot.executor()
+    spec = psij.JobSpec(
+        "/bin/true", directory=tmp_path, stage_in={StageIn(URI(f"{server.url}/trickle/whole.dat"), "in.dat")}
+    )
+    job = psij.Job(spec)
+    ex.submit(job)
+    assert job.wait(timeout=WAIT, target_states=[psij.JobState.STAGE_IN]) is not None
+    wait_for(lambda: server.gets.get("/trickle/whole.dat") == 1, 20, "the agent to begin the download")
+    caches = list(pilot.rundir.path.glob("**/stage-cache/*"))
+    wait_for(lambda: any(p.name.startswith(".") for c in caches for p in c.iterdir()), 20, "its partial file")
+    job.cancel()
+    status = job.wait(timeout=30)  # (not broken off, the download would go on for a minute)
+    assert status is not None and status.state is psij.JobState.CANCELED, status
+    wait_for(lambda: server.gone == ["/trickle/whole.dat"], 20, "the agent to hang up")
+    assert [p for c in caches for p in c.iterdir()] == [], "a partial download stayed in the cache"
+    assert not (tmp_path / "in.dat").exists()
+
+
+def test_pilot_down_during_a_slow_download_breaks_it_off_and_leaves_nothing_in_the_cache(
+    start_pilot: Callable[..., Pilot], tmp_path: Path, web: tuple[Server, Path]
+) -> None:
+    server, root = web
+    (root / "whole.dat").write_text("W")
+    pilot = start_pilot()
+    ex = pilot.executor()
+    spec = psij.JobSpec(
+        "/bin/true", directory=tmp_path, stage_in={StageIn(URI(f"{server.url}/trickle/whole.dat"), "in.dat")}
+    )
+    job = psij.Job(spec)
+    ex.submit(job)
+    wait_for(lambda: server.gets.get("/trickle/whole.dat") == 1, 30, "the agent to begin the download")
+    caches = list(pilot.rundir.path.glob("**/stage-cache/*"))
+    ex.close()
+    down = pilot.cli("down", timeout=30)  # (not broken off, the agent would wait a minute for the download)
+    assert down.returncode == 0, down.stderr
+    wait_for(lambda: server.gone == ["/trickle/whole.dat"], 20, "the agent to hang up")
+    assert caches and [p for c in caches for p in c.iterdir()] == [], "a partial download stayed in the cache"
+    assert not (tmp_path / "in.dat").exists()
+
+
+def test_http_copy_gives_each_task_a_writable_file_of_its_own(
+    start_pilot: Callable[..., Pilot], tmp_path: Path, web: tuple[Server, Path]
+) -> None:
+    server, root = web
+    (root / "table.dat").write_text("T")
+    pilot = start_pilot()
+    ex = pilot.executor()
+    for i in range(2):
+        work = tmp_path / f"w{i}"
+        work.mkdir()
+        spec = psij.JobSpec(
+            "/bin/sh",
+            ["-c", "test ! -L t.dat && echo mine >> t.dat"],
+            directory=work,
+            stage_in={StageIn(URI(f"{server.url}/table.dat"), "t.dat", StagingMode.COPY)},
+        )
+        _, status, _ = run(ex, spec)
+        assert status.state is psij.JobState.COMPLETED, status
+        assert (work / "t.dat").read_text() == "Tmine\n", "each task wrote to a pristine copy of its own"
+        assert (status.metadata or {})["stage_in_cache_hits"] == i  # (the second from the node's cache)
+    assert server.gets == {"/table.dat": 1}
 
 
 def test_pre_launch_sees_the_staged_files_and_stage_out_follows_post_launch(

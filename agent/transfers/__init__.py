@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from agent.transfers.base import Transfer, TransferError
+from agent.transfers.base import Interrupted, Stop, Transfer, TransferError
 from agent.transfers.file import FileTransfer
 from agent.transfers.http import HttpTransfer
 
 TRANSFERS: dict[str, Transfer] = {scheme: t for t in (FileTransfer(), HttpTransfer()) for scheme in t.schemes}
 
-__all__ = ["TRANSFERS", "Transfer", "TransferError"]
+__all__ = ["TRANSFERS", "Interrupted", "Stop", "Transfer", "TransferError"]

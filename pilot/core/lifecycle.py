@@ -18,7 +18,7 @@ from pilot.core.state import CoreState, Part
 from pilot.jobs import Attempt, JobRecord, ProcessResult
 from pilot.launchers import PlannedProcess
 from pilot.model.job_state import JobState
-from pilot.model.process_order import CLEANUP, POST, PRE, STAGE_IN, STAGE_OUT, STAGING_ROLES
+from pilot.model.process_order import CLEANUP, POST, PRE, STAGE_IN, STAGE_OUT, STAGING_ROLES, staging_slot
 from pilot.model.staging import Step, steps_cleanup, steps_in, steps_out
 from pilot.scheduler.passes import Placed
 from pilot.wire.messages import TaskEvent
@@ -50,9 +50,32 @@ class Lifecycle(Part):
             self.book.move(job, Phase.STAGE_IN)
             if job.state is JobState.QUEUED:  # (a restartable job run again stays ACTIVE)
                 self.book.set_state(job, JobState.STAGE_IN, self.clock.wall)
-            self._stage(job, STAGE_IN, "stage_in", steps_in(staging))
+            self._stage_in(job)
             return
         self._launch(job, staged=False)
+
+    def _stage_in(self, job: JobRecord) -> bool:
+        """Send the stage-in orders still to do, one per node of the job (every node that runs its
+        processes gets its files before any of them starts); False when all are done.
+
+        A MOVE takes its source away, so it can happen once: on a job of several nodes, the other nodes
+        copy first, then the first node moves (two rounds, told apart by the results in hand, which
+        the journal keeps)."""
+        steps = steps_in(job.request.staging)
+        nodes = job_nodes(job)
+        results = job.run.results
+        if staging_slot(STAGE_IN, 0) in results:
+            return False
+        if len(nodes) > 1 and any(s.action == "move" for s in steps):
+            if staging_slot(STAGE_IN, 1) not in results:
+                copies = [Step(s.source, s.target, "copy" if s.action == "move" else s.action) for s in steps]
+                for i, node in enumerate(nodes[1:], start=1):
+                    self._stage(job, node, staging_slot(STAGE_IN, i), "stage_in", copies)
+                return True
+            nodes = nodes[:1]
+        for i, node in enumerate(nodes):
+            self._stage(job, node, staging_slot(STAGE_IN, i), "stage_in", steps)
+        return True
 
     def _launch(self, job: JobRecord, *, staged: bool) -> None:
         """Its pre_launch order goes out, or its ranks' orders. ``staged``: its files were staged in, so
@@ -81,8 +104,8 @@ class Lifecycle(Part):
             p.order.walltime = self.planner.walltime_left(job)
             self.dispatch(job, p)
 
-    def _stage(self, job: JobRecord, slot: int, role: str, steps: list[Step]) -> None:
-        self.dispatch(job, self.planner.staging(job, slot=slot, role=role, steps=steps))
+    def _stage(self, job: JobRecord, node: str, slot: int, role: str, steps: list[Step]) -> None:
+        self.dispatch(job, self.planner.staging(job, node=node, slot=slot, role=role, steps=steps))
 
     def dispatch(self, job: JobRecord, plan: PlannedProcess) -> None:
         agent = self.nodes.agents.get(plan.node)
@@ -244,7 +267,8 @@ class Lifecycle(Part):
         go_on = job.cancel_reason is None and all(r.ok for r in run.results.values())
         phase = job.phase
         if phase is Phase.STAGE_IN and go_on:
-            self._launch(job, staged=True)
+            if not self._stage_in(job):
+                self._launch(job, staged=True)
         elif phase is Phase.PRE_LAUNCH and go_on:
             self._start_ranks(job)
         elif phase is Phase.RANKS and go_on and job.description.post_launch:
@@ -264,7 +288,12 @@ class Lifecycle(Part):
         return outcome(job, walltime_margin=self.config.pilot.walltime_margin)[0].value
 
     def _stage_out(self, job: JobRecord) -> None:
-        """Its processes are done: the stage-outs its outcome selects, then the cleanup (or the end)."""
+        """Its processes are done: the stage-outs its outcome selects, then the cleanup (or the end).
+
+        Stage-out runs on the job's first node only (where rank 0 and post_launch ran): a target is one
+        path, so each file goes out once -- a job directory on a shared filesystem holds one copy that
+        every node sees (staged out from each node, a MOVE would fail on all but one and a COPY would
+        race the others to the same target)."""
         staging = job.request.staging
         outgoing = staging.outgoing(self._outcome(job)) if staging.stage_out else []
         if not outgoing:
@@ -272,17 +301,20 @@ class Lifecycle(Part):
             return
         self.book.move(job, Phase.STAGE_OUT)
         self.book.set_state(job, JobState.STAGE_OUT, self.clock.wall)
-        self._stage(job, STAGE_OUT, "stage_out", steps_out(outgoing))
+        self._stage(job, job_nodes(job)[0], STAGE_OUT, "stage_out", steps_out(outgoing))
 
     def _clean_up(self, job: JobRecord) -> None:
-        """The cleanup, when its flags select the outcome (a failed stage-out counts: the job failed)."""
+        """The cleanup, when its flags select the outcome (a failed stage-out counts: the job failed), on
+        every node of the job: each may hold its own copy of the paths (a node-local directory)."""
         staging = job.request.staging
         if not staging.cleans_up(self._outcome(job)):
             self.finish(job)
             return
         self.book.move(job, Phase.CLEANUP)
         self.book.set_state(job, JobState.CLEANUP, self.clock.wall)
-        self._stage(job, CLEANUP, "cleanup", steps_cleanup(staging))
+        steps = steps_cleanup(staging)
+        for i, node in enumerate(job_nodes(job)):
+            self._stage(job, node, staging_slot(CLEANUP, i), "cleanup", steps)
 
     def finish(self, job: JobRecord) -> None:
         """The job's last process is done (or will never report): its final state, from its results."""
@@ -340,6 +372,11 @@ class Lifecycle(Part):
         self.nodes.release_all(job)
         job.run = Attempt(number=number)
         self.book.forget_attempt(job)
+
+
+def job_nodes(job: JobRecord) -> list[str]:
+    """The nodes its ranks run on, the first rank's first: where its files are staged."""
+    return list(dict.fromkeys(r.node for r in job.run.ranks))
 
 
 def _opt_int(value: Any) -> int | None:

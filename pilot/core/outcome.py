@@ -120,17 +120,16 @@ def task_entries(job: JobRecord) -> list[list[Any]]:
 
 
 def _staging(results: Any) -> dict[str, Any]:
-    """What its agent's stage-in cache saved: ``stage_in_cache_hits`` (sources found in the node's cache)
-    and ``stage_in_transfers`` (sources fetched), present only for a job that staged in."""
+    """What its agents' stage-in caches saved, summed over its nodes: ``stage_in_cache_hits`` (sources
+    found in a node's cache) and ``stage_in_transfers`` (sources fetched), present only for a job that
+    staged in."""
+    out: dict[str, Any] = {}
     for r in results:
         if r.role == "stage_in" and isinstance(r.data.get("staging"), dict):
-            counts = r.data["staging"]
-            return {
-                f"stage_in_{k}": v
-                for k, v in counts.items()
-                if k in ("cache_hits", "transfers") and type(v) is int and v >= 0
-            }
-    return {}
+            for k, v in r.data["staging"].items():
+                if k in ("cache_hits", "transfers") and type(v) is int and v >= 0:
+                    out[f"stage_in_{k}"] = out.get(f"stage_in_{k}", 0) + v
+    return out
 
 
 def _signame(sig: int) -> str:

@@ -22,7 +22,7 @@ class Phase(Enum):
     BEHIND = "behind"
     #: Of those, one asked back from its agent (WITHDRAW) to be placed again on a free core.
     WITHDRAWING = "withdrawing"
-    #: Its node's agent puts its files in place (stage-in); its slots are held, nothing of it runs yet.
+    #: The agents of its nodes put its files in place (stage-in); its slots are held, nothing of it runs yet.
     STAGE_IN = "stage_in"
     #: Its pre_launch script (or the launch preparation of shared output files) runs.
     PRE_LAUNCH = "pre"

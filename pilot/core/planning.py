@@ -126,8 +126,8 @@ class Planner:
             script=script,
         )
 
-    def staging(self, job: JobRecord, *, slot: int, role: str, steps: list[Step]) -> PlannedProcess:
-        """The order that has the agent of the job's first node stage its files (no process, no slots)."""
+    def staging(self, job: JobRecord, *, node: str, slot: int, role: str, steps: list[Step]) -> PlannedProcess:
+        """The order that has the agent of ``node`` stage the job's files there (no process, no slots)."""
         order = ProcessOrder(
             job_id=job.proc_id,
             slot=slot,
@@ -138,4 +138,4 @@ class Planner:
             rank_environment={"PILOT_JOB_ID": job.id},
             staging=[s.to_wire() for s in steps],
         )
-        return PlannedProcess(job.run.ranks[0].node, order, [])
+        return PlannedProcess(node, order, [])

@@ -19,6 +19,13 @@ STAGE_IN: Final = -3
 STAGE_OUT: Final = -4
 CLEANUP: Final = -5
 
+
+def staging_slot(base: int, node_index: int) -> int:
+    """The slot of a staging order (``base``: STAGE_IN, STAGE_OUT or CLEANUP) on the job's ``node_index``-th
+    node: one order per node, each its own slot (node 0's is ``base`` itself)."""
+    return base - 3 * node_index
+
+
 #: Roles an agent does itself, in a worker thread, instead of spawning a process (agent.staging).
 STAGING_ROLES: Final = ("stage_in", "stage_out", "cleanup")
 ROLES: Final = ("rank", "pre", "post", *STAGING_ROLES)

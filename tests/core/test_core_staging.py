@@ -1,6 +1,6 @@
-"""A staging job's phases in the core, in process: STAGE_IN before any process order, STAGE_OUT and CLEANUP
-after the last one, each an order to the job's first node; failures, cancel, and a daemon restarted
-during staging (from a real journal) that neither stages twice nor runs twice."""
+"""A staging job's phases in the core, in process: STAGE_IN before any process order, on every node of the
+job; STAGE_OUT (on its first node) and CLEANUP (on every node) after the last one; failures, cancel, and
+a daemon restarted during staging (from a real journal) that neither stages twice nor runs twice."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 from core_env import CoreEnv, true
 
 from pilot.core.phase import Phase
+from pilot.model.job_description import ResourceRequest
 from pilot.model.job_state import JobState
-from pilot.model.process_order import CLEANUP, STAGE_IN, STAGE_OUT
+from pilot.model.process_order import CLEANUP, STAGE_IN, STAGE_OUT, staging_slot
 from pilot.model.staging import ON_ERROR, Staging, Transfer
 from pilot.store import Store
 
@@ -131,3 +132,119 @@ def test_a_daemon_restarted_during_stage_out_goes_on_to_the_cleanup_and_the_outc
     again.step()
     told = again.told(job)
     assert JobState(told[1]) is JobState.FAILED and told[3] == 3, told
+
+
+TWO_BY_TWO = ResourceRequest(process_count=4, node_count=2, processes_per_node=2)
+
+
+def three_nodes() -> CoreEnv:
+    env = CoreEnv(nodes=3)
+    for n in ("n0", "n1", "n2"):
+        env.register(n)
+    return env
+
+
+def placed_on(step: Any, role: str) -> dict[str, list[tuple[str, int]]]:
+    """Per node, the orders of ``role`` it was sent."""
+    return {
+        n: [(o["role"], o["slot"]) for o in orders if o["role"] == role]
+        for n, orders in step.out.orders.items()
+        if any(o["role"] == role for o in orders)
+    }
+
+
+def test_a_job_on_two_nodes_stages_in_on_both_before_any_rank_and_cleans_up_on_both() -> None:
+    env = three_nodes()
+    (job,) = env.submit(true(launcher="multiple", resources=TWO_BY_TWO, staging=STAGED))
+    step = env.step()
+    staged = placed_on(step, "stage_in")
+    assert len(staged) == 2 and not placed_on(step, "rank"), step.out.orders
+    (first, second) = sorted(staged, key=lambda n: staged[n][0][1], reverse=True)
+    assert staged == {first: [("stage_in", STAGE_IN)], second: [("stage_in", staging_slot(STAGE_IN, 1))]}
+    assert all(o["staging"] == [["http://h/data", "in/data", "copy", False]] for o in step.out.orders[second])
+    env.exited(first, job, STAGE_IN, staging={"transfers": 1, "cache_hits": 0})
+    step = env.step()
+    assert not placed_on(step, "rank"), "a rank started before every node had its files"
+    env.exited(second, job, staging_slot(STAGE_IN, 1), staging={"transfers": 0, "cache_hits": 1})
+    step = env.step()
+    ranks = placed_on(step, "rank")
+    assert sorted(ranks) == sorted([first, second]) and all(len(r) == 2 for r in ranks.values()), ranks
+    for node, orders in ranks.items():
+        for _, slot in orders:
+            env.started(node, job, slot)
+    for node, orders in ranks.items():
+        for _, slot in orders:
+            env.exited(node, job, slot)
+    step = env.step()
+    # Stage-out once, from the first node (one target path, one copy).
+    assert placed_on(step, "stage_out") == {first: [("stage_out", STAGE_OUT)]}
+    env.exited(first, job, STAGE_OUT)
+    step = env.step()
+    assert placed_on(step, "cleanup") == {
+        first: [("cleanup", CLEANUP)],
+        second: [("cleanup", staging_slot(CLEANUP, 1))],
+    }
+    env.exited(second, job, staging_slot(CLEANUP, 1))
+    step = env.step()
+    assert env.state(job) is JobState.CLEANUP, "the job ended before every node had cleaned up"
+    env.exited(first, job, CLEANUP)
+    env.step()
+    assert env.state(job) is JobState.COMPLETED
+    meta = env.told(job)[5]
+    assert meta["stage_in_transfers"] == 1 and meta["stage_in_cache_hits"] == 1, meta
+
+
+def test_a_stage_in_failing_on_one_node_stops_the_others_and_fails_the_job_naming_that_node() -> None:
+    env = three_nodes()
+    (job,) = env.submit(true(launcher="multiple", resources=TWO_BY_TWO, staging=STAGED))
+    step = env.step()
+    staged = placed_on(step, "stage_in")
+    (first, second) = sorted(staged, key=lambda n: staged[n][0][1], reverse=True)
+    message = f"stage-in of 'http://h/data' to 'in/data' on node {second} failed: HTTP 404"
+    env.events(second, [job, staging_slot(STAGE_IN, 1), "failed", env.clock.wall, {"message": message}])
+    step = env.step()
+    assert step.kills(first) == {f"another process of job {job} failed": [[job, STAGE_IN]]}
+    env.exited(first, job, STAGE_IN, reason=f"another process of job {job} failed", spawned=False)
+    step = env.step()
+    assert not placed_on(step, "rank")
+    told = env.told(job)
+    assert JobState(told[1]) is JobState.FAILED and told[4] == message, told
+    assert all(env.core.nodes.slots[n].free_cores == [0, 1] for n in ("n0", "n1", "n2"))
+
+
+def test_a_move_into_a_job_on_two_nodes_is_copied_to_the_others_first_then_moved_to_the_first() -> None:
+    env = three_nodes()
+    moved = Staging(stage_in=(Transfer("/src/a", "a", "move"), Transfer("/src/b", "b", "link")))
+    (job,) = env.submit(true(launcher="multiple", resources=TWO_BY_TWO, staging=moved))
+    step = env.step()
+    staged = placed_on(step, "stage_in")
+    ((second, slots),) = staged.items()
+    assert slots == [("stage_in", staging_slot(STAGE_IN, 1))]
+    assert step.out.orders[second][0]["staging"] == [["/src/a", "a", "copy", False], ["/src/b", "b", "link", False]]
+    env.exited(second, job, staging_slot(STAGE_IN, 1))
+    step = env.step()
+    ((first, slots),) = placed_on(step, "stage_in").items()
+    assert first != second and slots == [("stage_in", STAGE_IN)] and not placed_on(step, "rank")
+    assert step.out.orders[first][0]["staging"] == [["/src/a", "a", "move", False], ["/src/b", "b", "link", False]]
+    env.exited(first, job, STAGE_IN)
+    step = env.step()
+    assert sorted(placed_on(step, "rank")) == sorted([first, second])
+
+
+def test_a_daemon_restarted_between_the_two_rounds_of_a_move_sends_the_second_once(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    env = CoreEnv(nodes=3, store=Store.open(path))
+    for n in ("n0", "n1", "n2"):
+        env.register(n)
+    moved = Staging(stage_in=(Transfer("/src/a", "a", "move"),))
+    (job,) = env.submit(true(launcher="multiple", resources=TWO_BY_TWO, staging=moved))
+    ((second, _),) = placed_on(env.step(), "stage_in").items()
+    env.exited(second, job, staging_slot(STAGE_IN, 1))
+    ((first, _),) = placed_on(env.step(), "stage_in").items()
+    again = env.restarted(path)
+    for n in ("n0", "n1", "n2"):
+        step = again.register(n, running=[[job, STAGE_IN]] if n == first else None)
+        assert not step.out.orders.get(n), f"{n} was sent {step.out.orders.get(n)} again"
+    again.exited(first, job, STAGE_IN)
+    step = again.step()
+    assert sorted(placed_on(step, "rank")) == sorted([first, second])
