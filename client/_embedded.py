@@ -20,8 +20,15 @@ from pilot.rundir import RunDir, root
 
 
 class EmbeddedPilot:
+    #: Embedded pilots this process started: each gets a run directory of its own, so that one started
+    #: after another stopped never resumes its journal (kept when that one did not stop cleanly).
+    started = 0
+
     def __init__(self, *, config: str | None) -> None:
-        self.rundir = RunDir((root() / f"embedded-{os.getpid()}").resolve())
+        k = EmbeddedPilot.started
+        EmbeddedPilot.started += 1
+        name = f"embedded-{os.getpid()}" + (f"-{k}" if k else "")
+        self.rundir = RunDir((root() / name).resolve())
         self.config = config
         self.process: subprocess.Popen[bytes] | None = None
         self.client_url = ""

@@ -349,9 +349,10 @@ def test_embedded_pilot_starts_on_demand_and_stops_at_close(
         job = psij.Job(psij.JobSpec("/bin/true"))
         ex.submit(job)
         assert final(job).state == psij.JobState.COMPLETED
-        rundir = RunDir(pilot_home / f"embedded-{os.getpid()}")
-        info = rundir.read_info()
-        assert info is not None
+        infos = [RunDir(d).read_info() for d in pilot_home.glob(f"embedded-{os.getpid()}*")]
+        running = [info for info in infos if info is not None]
+        assert len(running) == 1, infos
+        info = running[0]
         daemon = psutil.Process(int(info["pid"]))
         tree += [daemon, *daemon.children(recursive=True)]
         assert len(tree) >= 2  # the daemon and its agent
@@ -359,3 +360,46 @@ def test_embedded_pilot_starts_on_demand_and_stops_at_close(
         ex.close()
     _, alive = psutil.wait_procs(tree, timeout=20)
     assert not alive, f"the embedded pilot outlived the last executor: {alive}"
+
+
+def test_an_embedded_pilot_that_did_not_stop_cleanly_is_not_resumed_by_the_next(
+    pilot_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its run directory (journal and logs) is kept for the user; the next embedded pilot of the process
+    starts in a run directory of its own, empty, instead of resuming that journal (whose allocation
+    may have ended: every job would be refused)."""
+    cfg = tmp_path / "embedded.toml"
+    cfg.write_text(textwrap.dedent(TWO_CORES))
+    monkeypatch.setenv("PILOT_CONFIG", str(cfg))
+
+    def running() -> dict[Path, dict[str, Any]]:
+        found = {d: RunDir(d).read_info() for d in pilot_home.glob(f"embedded-{os.getpid()}*")}
+        return {d: info for d, info in found.items() if info is not None}
+
+    ex = psij.JobExecutor.get_instance("pilot")
+    try:
+        job = psij.Job(psij.JobSpec("/bin/true"))
+        ex.submit(job)
+        assert final(job).state == psij.JobState.COMPLETED
+        ((first, info),) = running().items()
+        daemon = psutil.Process(int(info["pid"]))
+        agents = daemon.children(recursive=True)
+        for proc in [daemon, *agents]:
+            proc.kill()
+        psutil.wait_procs(agents, timeout=20)
+        # The daemon is the client's child: left for the client to reap (its exit status says "killed").
+        deadline = time.monotonic() + 20
+        while daemon.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        ex.close()
+    assert (first / "journal.db").exists()  # kept: it did not stop cleanly
+    ex = psij.JobExecutor.get_instance("pilot")
+    try:
+        job = psij.Job(psij.JobSpec("/bin/true"))
+        ex.submit(job)
+        assert final(job).state == psij.JobState.COMPLETED
+        ((second, _),) = running().items()
+        assert second != first
+    finally:
+        ex.close()
