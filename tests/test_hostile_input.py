@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import msgpack
 import psutil
 import pytest
 import zmq
+from conftest import _running
 from pilot_waits import agents_active, ends, reach, wait_for
 
 import client as psij
@@ -248,6 +250,42 @@ def test_a_flood_of_garbage_does_not_starve_real_clients(start_pilot: Any) -> No
         checks.healthy("20000 garbage frames")
     finally:
         peer.close()
+
+
+def test_a_daemon_that_always_finds_input_still_answers_sigterm(start_pilot: Any) -> None:
+    """A daemon whose agent socket never runs dry (a flood faster than it reads, as 10,000 nodes'
+    heartbeats can be) must still let its other tasks run: SIGTERM stops it. Before, its loop found
+    input at every turn and never yielded, so the signal (and an embedded pilot's parent watch) waited
+    for ever."""
+    pilot = start_pilot(CONFIG)
+    agents_active(pilot.executor(), 2)
+    stop = threading.Event()
+    frame = wire.encode(Kind.HEARTBEAT, {"load": [0.0, 0.0, 0.0], "running": []})
+
+    def flood() -> None:
+        peer = Peer(pilot.info["agent_url"], identity=b"flood-1")
+        try:
+            while not stop.is_set():
+                try:
+                    for _ in range(1000):
+                        peer.sock.send(frame, zmq.NOBLOCK)
+                except zmq.Again:  # its queue is full (the daemon reads slower, or is gone)
+                    time.sleep(0.001)
+        finally:
+            peer.close()
+
+    flooders = [threading.Thread(target=flood) for _ in range(2)]
+    for t in flooders:
+        t.start()
+    try:
+        time.sleep(2)  # well behind by now
+        daemon = psutil.Process(pilot.pid)
+        daemon.send_signal(signal.SIGTERM)
+        assert not _running([daemon], timeout=30), "the flooded daemon did not stop on SIGTERM"
+    finally:
+        stop.set()
+        for t in flooders:
+            t.join()
 
 
 def test_hostile_values_in_well_formed_jobs_fail_only_those_jobs(start_pilot: Any, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Final
 
 import anyio
+import anyio.lowlevel
 import zmq
 
 _POLLIN: Final = int(zmq.POLLIN)  # a plain int: ``events & zmq.POLLIN`` goes through enum.Flag, twice the cost
@@ -77,9 +78,13 @@ class Waiter:
         A ZeroMQ fd also signals internal commands (a peer's read acknowledgement after each send, ...),
         and an epoll fd watched by another epoll (the event loop's) can be reported ready after the
         signal that made it so is gone: under asyncio such wake-ups are told apart and absorbed in the
-        loop's reader callback, without resuming the owner task, instead of costing it a loop turn."""
+        loop's reader callback, without resuming the owner task, instead of costing it a loop turn.
+
+        Input already there still lets the event loop run once first: an owner that always finds input
+        (a daemon flooded by heartbeats) must not starve the other tasks (signals, the parent watch)."""
         if self._due():
             self._clear()
+            await anyio.lowlevel.checkpoint()
             return True
         delay = None if until is None else until - time.monotonic()
         if delay is not None and delay <= 0:
