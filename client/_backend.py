@@ -263,6 +263,8 @@ class Backend:
         if self.pipeline is not None and not self._closed and not self.pipeline.flush(self.request_timeout):
             log.warning("closing with submitted jobs unanswered", jobs=self.pipeline.in_flight)
             self.pipeline.close()
+        if self.pipeline is not None and not self._closed and self._conn is not None and not self._conn.closed:
+            self.pipeline.give_back(self._conn, min(1.0, self.request_timeout))
         with self._lock:
             if self._closed:
                 return

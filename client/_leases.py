@@ -82,6 +82,16 @@ class LeasedIds:
             if self._next > self._last and self._ahead is None and not self._asking:
                 self._ask()
 
+    def unused(self) -> list[list[int]]:
+        """The ids leased and never handed out ([first, last] ranges), which the pilot may take back:
+        this executor closes. After this call none is handed out."""
+        with self._cond:
+            ranges = [[self._next, self._last]] if self._next <= self._last else []
+            if self._ahead is not None:
+                ranges.append(list(self._ahead))
+            self._next, self._last, self._ahead = 0, -1, None
+            return ranges
+
     def drop(self) -> None:
         """The pilot does not know the ids of these blocks (it was started afresh and gave them to others):
         the next job gets an id of a new block."""

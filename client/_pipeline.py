@@ -38,6 +38,7 @@ from client._leases import LeasedIds
 from client._reader import report
 from client._requests import GROUP_JOBS, Ticket
 from client.exceptions import SubmitException
+from pilot import wire
 from pilot.wire.messages import StatusReport
 
 #: Jobs a pipelined executor may have sent and not had answered: a few full frames (GROUP_JOBS).
@@ -142,6 +143,15 @@ class Pipeline:
                 self._unanswered.discard(submit_id)
                 self._open = None
                 raise
+
+    def give_back(self, conn: Connection, timeout: float) -> None:
+        """The executor closes: the pilot may give its unused job ids to the next jobs (ids stay dense)."""
+        ranges = self._ids.unused()
+        if ranges:
+            try:
+                conn.request(wire.Kind.LEASE, {"count": 0, "give_back": ranges}, timeout=timeout)
+            except SubmitException:
+                pass  # they stay leased to nobody: a gap in the ids, nothing more
 
     def prefetch(self) -> None:
         """Lease the first job ids now (see :class:`LeasedIds`); raises SubmitException if it cannot ask."""

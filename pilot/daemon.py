@@ -415,8 +415,8 @@ class Daemon:
                 return {"results": core.on_submit(ident, jobs, submit_ids, again=again)}
             case Abandon(submit_ids=submit_ids):
                 return {"results": core.on_abandon(list(submit_ids))}
-            case Lease(count=count):
-                return core.on_lease(count)
+            case Lease(count=count, give_back=give_back):
+                return core.on_lease(count, give_back)
             case Cancel(ids=ids):
                 return {"results": [core.on_cancel(i) for i in ids]}
             case Attach(ids=ids):

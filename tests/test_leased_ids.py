@@ -164,3 +164,37 @@ def test_leases_outlive_a_daemon_restart(start_pilot: Callable[..., Pilot], tmp_
         assert sorted(out.read_text().split()) == ["after", "before", "own"]
     finally:
         raw.peer.close()
+
+
+def test_ids_an_executor_never_used_are_given_back_at_close(start_pilot: Callable[..., Pilot]) -> None:
+    """Each executor leases a block; at close it gives back what it never handed out, so the next
+    executor's (or the pilot's own) ids follow on: a run of short scripts does not leave gaps of a
+    block each. Ranges it does not hold are ignored, malformed ones refused."""
+    p = start_pilot(CONFIG)
+    agents_active(p.executor(), 1)
+    ids = []
+    for pipelined in (True, True, False, True):
+        ex = psij.JobExecutor.get_instance("pilot", url=str(p.rundir.path), pipelined=pipelined)
+        job = psij.Job(psij.JobSpec(executable="/bin/true"))
+        ex.submit(job)
+        assert ends(job, psij.JobState.COMPLETED)
+        ids.append(int(str(job.native_id)))
+        ex.close()
+    assert ids == list(range(ids[0], ids[0] + 4)), ids
+    raw = Raw(p)
+    try:
+        lease = raw.ask(Kind.LEASE, {"count": 10})
+        assert raw.ask(Kind.LEASE, {"count": 0, "give_back": [[lease["first"] + 5, lease["last"]]]}) == {
+            "given_back": True,
+            "rid": raw.rid,
+        }
+        assert raw.ask(Kind.LEASE, {"count": 1})["first"] == lease["first"] + 5  # the tail came back
+        ignored = raw.ask(Kind.LEASE, {"count": 0, "give_back": [[1, 3]]})  # not a lease's: jobs' ids
+        assert ignored.get("given_back"), ignored
+        assert raw.submit(psij.JobSpec(executable="/bin/true"), str(lease["first"])).get("id") == str(lease["first"])
+        for bad in ([[5, 1]], [[0, 2]], [["a", 2]], [[1, 2]] * 3, "x"):
+            body = raw.ask(Kind.LEASE, {"count": 0, "give_back": bad})
+            assert "error" in body and "give_back" in str(body["error"]), (bad, body)
+        assert "count" in str(raw.ask(Kind.LEASE, {"count": 0})["error"])
+    finally:
+        raw.peer.close()

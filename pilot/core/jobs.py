@@ -162,6 +162,13 @@ class JobBook:
         self.leases.grant(first, self.seq)
         return first, self.seq
 
+    def give_back(self, first: int, last: int) -> None:
+        """Leased ids a client will never use: if they were the last ids given, the next ones are
+        given again (ids stay dense); else they are only no longer held for it."""
+        was = self.leases.give_back(first, last)
+        if was is not None and was == self.seq:
+            self.seq = first - 1
+
     def adopt(self, job_id: int) -> None:
         """A leased id this pilot never gave (a predecessor did, and its journal is gone), above every id
         given: the block a lease can hold from it on is taken as leased to that client (a client's ids come

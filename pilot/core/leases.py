@@ -91,6 +91,30 @@ class Leases:
             del self._firsts[i], self._leases[i]
             self.changed = True
 
+    def give_back(self, first: int, last: int) -> int | None:
+        """Ids first..last of one lease, none of which made a job, that its client will never use: the
+        lease ends before them (dropped if nothing is left) -- or, in its middle, they count as used.
+        Returns the lease's last id as it was when the ids were its tail (so that the pilot's counter
+        may come back to them if nothing was given after), else None. Ids not so held are ignored."""
+        i = self._find(first)
+        if i < 0 or last > self._leases[i].last:
+            return None
+        lease = self._leases[i]
+        if any(lease.taken(job_id) for job_id in range(first, last + 1)):
+            return None
+        self.changed = True
+        if last == lease.last:
+            was = lease.last
+            if first == lease.first:
+                del self._firsts[i], self._leases[i]
+            else:
+                lease.last = first - 1
+                lease.left -= last - first + 1
+            return was
+        for job_id in range(first, last + 1):
+            lease.mark(job_id)
+        return None
+
     def journal_value(self) -> list[list[int]]:
         """What the journal keeps: the leases not used up (which of their ids made jobs, the jobs say)."""
         self.changed = False

@@ -96,9 +96,13 @@ class Core:
                     self.lifecycle.cancel(job, reason=ABANDONED)
         return [{"submit_id": s, "ids": made[s]} if s in made else {"submit_id": s} for s in submit_ids]
 
-    def on_lease(self, count: int) -> dict[str, Any]:
-        """Job ids for a client to give its jobs (``pilot/core/leases.py``); journaled at this step's
-        commit, before the reply leaves."""
+    def on_lease(self, count: int, give_back: tuple[tuple[int, int], ...] = ()) -> dict[str, Any]:
+        """Job ids for a client to give its jobs (``pilot/core/leases.py``), after taking back those it
+        will never use; journaled at this step's commit, before the reply leaves."""
+        for first, last in sorted(give_back, reverse=True):  # the later range first: the counter may come back
+            self.book.give_back(first, last)
+        if count == 0:
+            return {"given_back": True}
         first, last = self.book.lease(count)
         return {"first": first, "last": last}
 

@@ -389,21 +389,32 @@ class Abandon:
 @dataclass(frozen=True, slots=True)
 class Lease:
     """Ask for ``count`` job ids to give jobs as they are sent (their submit ids): the reply's ``first``
-    and ``last``, journaled before the reply leaves."""
+    and ``last``, journaled before the reply leaves. ``give_back``: ranges [first, last] of ids leased
+    before that the client will never use (it closes); ``count`` may then be 0."""
 
     KIND: ClassVar[str] = Kind.LEASE
     rid: int
     count: int
+    give_back: tuple[tuple[int, int], ...] = ()
 
     def body(self) -> dict[str, Any]:
-        return {"rid": self.rid, "count": self.count}
+        out: dict[str, Any] = {"rid": self.rid, "count": self.count}
+        if self.give_back:
+            out["give_back"] = [list(r) for r in self.give_back]
+        return out
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Self:
         count = field(body, "count", int)
-        if not 0 < count <= LEASE_MOST:
-            raise ProtocolError(f"'count' must be 1 to {LEASE_MOST} job ids, not {count}")
-        return cls(field(body, "rid", int), count)
+        raw = opt_field(body, "give_back", list, [])
+        if len(raw) > 2 or not all(
+            isinstance(r, list) and len(r) == 2 and all(type(x) is int and x > 0 for x in r) and r[0] <= r[1]
+            for r in raw
+        ):
+            raise ProtocolError(f"'give_back' must be at most 2 ranges [first, last] of job ids, not {raw!r:.80}")
+        if not (0 < count <= LEASE_MOST or (count == 0 and raw)):
+            raise ProtocolError(f"'count' must be 1 to {LEASE_MOST} job ids (0 only to give ids back), not {count}")
+        return cls(field(body, "rid", int), count, tuple((r[0], r[1]) for r in raw))
 
 
 @dataclass(frozen=True, slots=True)
