@@ -55,9 +55,15 @@ def _line(out: IO[str], deadline: float, what: str) -> str:
     return line
 
 
-def streams(url: str, clients: int, per: int, *, first: int, timeout: float) -> dict[str, Any]:
+def streams(
+    url: str, clients: int, per: int, *, first: int, timeout: float, daemon: int | None = None
+) -> dict[str, Any]:
     """``clients`` client processes (numbered from ``first``) each streaming ``per`` jobs at once:
-    tasks/s over all of them, the ids they got, and what did not end COMPLETED."""
+    tasks/s over all of them, the ids they got, what did not end COMPLETED, and with ``daemon`` (its pid)
+    the daemon's CPU µs per job over the run (a figure a busy machine moves much less than tasks/s)."""
+    import psutil
+
+    proc = psutil.Process(daemon) if daemon is not None else None
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CLIENT, url, str(first + k), str(per), str(timeout)],
@@ -73,6 +79,7 @@ def streams(url: str, clients: int, per: int, *, first: int, timeout: float) -> 
             assert p.stdout is not None
             if _line(p.stdout, deadline, "ready").strip() != "ready":
                 raise RuntimeError("a client said something else than ready")
+        cpu0 = sum(proc.cpu_times()[:2]) if proc is not None else 0.0
         go = time.time()
         for p in procs:
             assert p.stdin is not None
@@ -82,6 +89,7 @@ def streams(url: str, clients: int, per: int, *, first: int, timeout: float) -> 
         for p in procs:
             assert p.stdout is not None
             results.append(json.loads(_line(p.stdout, go + timeout + 60, "result")))
+        cpu = sum(proc.cpu_times()[:2]) - cpu0 if proc is not None else None
         for p in procs:
             p.wait(timeout=60)
     finally:
@@ -92,7 +100,8 @@ def streams(url: str, clients: int, per: int, *, first: int, timeout: float) -> 
     end = max(r["end"] for r in results)
     ids = [i for r in results for i in r["ids"]]
     bad = {i: s for r in results for i, s in r["bad"].items()}
-    return {"per_s": clients * per / (end - go), "seconds": end - go, "ids": ids, "bad": bad}
+    us = None if cpu is None else cpu / (clients * per) * 1e6
+    return {"per_s": clients * per / (end - go), "seconds": end - go, "ids": ids, "bad": bad, "daemon_us": us}
 
 
 def listed(rundir: Path, total: int) -> Counter[str]:

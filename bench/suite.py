@@ -488,12 +488,13 @@ def w_clients(home: Path, s: Sizes) -> Row:
     timeout = max(300.0, clients * per / 50)
     runs: list[tuple[int, int, dict[str, Any]]] = []
     with pilot(home, "clients", local_config()):
-        url = str(home / f"embedded-{os.getpid()}")
+        url, pid = str(home / f"embedded-{os.getpid()}"), daemon_pid(home)
         for first, count in ((0, 1), (1, 1), (2, clients), (2 + clients, 1)):
-            runs.append((first, count, streams(url, count, per, first=first, timeout=timeout)))
+            runs.append((first, count, streams(url, count, per, first=first, timeout=timeout, daemon=pid)))
         faults = exactly_once(runs, listed(Path(url), sum(c for _, c, _ in runs) * per))
     one = med(r["per_s"] for _, c, r in runs if c == 1)
     many = runs[2][2]["per_s"]
+    us_one, us_many = med(r["daemon_us"] for _, c, r in runs if c == 1), runs[2][2]["daemon_us"]
     return Row(
         "clients",
         f"{clients} clients x {per:,} x /bin/true, plain submit() loop each, at once",
@@ -504,10 +505,13 @@ def w_clients(home: Path, s: Sizes) -> Row:
         many / one,
         ">= 0.9; exactly once",
         many / one >= 0.9 and not faults,
-        "; ".join(faults) or f"every job exactly once ({sum(c for _, c, _ in runs) * per:,} jobs)",
+        ("; ".join(faults) or f"every job exactly once ({sum(c for _, c, _ in runs) * per:,} jobs)")
+        + f"; daemon CPU {us_many:.0f} µs/job ({us_one:.0f} with 1 client)",
         {
             "per_s_one": [r["per_s"] for _, c, r in runs if c == 1],
             "per_s_many": many,
+            "daemon_us_one": [r["daemon_us"] for _, c, r in runs if c == 1],
+            "daemon_us_many": us_many,
             "clients": clients,
             "per_client": per,
             "faults": faults,
