@@ -3,7 +3,7 @@
     python -m bench [--quick] [--only NAME[,NAME]] [--repeat N] [--json FILE]
 
 Workloads (names for ``--only``): throughput, efficiency, roundtrip, depth, submit, scheduler, memory,
-multinode, null, psij. Each one that needs a pilot starts an embedded local pilot the way a user would
+multinode, clients, null, psij (scale: see bench/scale.py). Each one that needs a pilot starts an embedded local pilot the way a user would
 (``client.JobExecutor.get_instance("pilot")`` with ``PILOT_CONFIG`` pointing at a private config, under a
 temporary ``PILOT_HOME``), and closes it before the next. Every wait is bounded; a workload that fails or
 times out prints ``error`` in its row and the suite goes on.
@@ -276,20 +276,81 @@ def w_roundtrip(home: Path, s: Sizes) -> Row:
     )
 
 
+def deep_rate(ex: psij.JobExecutor, n: int, pid: int, timeout: float) -> tuple[float, int, int, int]:
+    """``pilot_rate``'s submit_all run of n /bin/true, the daemon's RSS sampled meanwhile (every 0.2 s):
+    returns (tasks/s, failures, the most jobs the daemon held at a sample -- accepted, not yet final --
+    and its RSS then)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    done = threading.Event()
+    lock = threading.Lock()
+    counts = {"queued": 0, "final": 0, "failed": 0}
+
+    def cb(job: psij.Job, status: psij.JobStatus) -> None:
+        with lock:
+            if status.state is psij.JobState.QUEUED:
+                counts["queued"] += 1
+            elif status.final:
+                counts["final"] += 1
+                counts["failed"] += status.state is not psij.JobState.COMPLETED
+                if counts["final"] == n:
+                    done.set()
+
+    deepest = [0, 0]  # jobs held, RSS
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            held = counts["queued"] - counts["final"]
+            if held > deepest[0]:
+                deepest[:] = [held, proc.memory_info().rss]
+
+    sampler = threading.Thread(target=sample, name="rss-sampler", daemon=True)
+    ex.set_job_status_callback(cb)
+    spec = psij.JobSpec(executable="/bin/true")
+    t0 = time.perf_counter()
+    try:
+        sampler.start()
+        ex.submit_all([psij.Job(spec) for _ in range(n)])
+        if not done.wait(timeout=timeout):
+            raise TimeoutError(f"{n - counts['final']} of {n} jobs not final after {timeout} s")
+        rate = n / (time.perf_counter() - t0)
+    finally:
+        done.set()
+        sampler.join()
+        ex.set_job_status_callback(None)
+    return rate, counts["failed"], deepest[0], deepest[1]
+
+
 def w_depth(home: Path, s: Sizes) -> Row:
-    small, big = 1000, s.pick(20_000, 100_000)
+    """Throughput with ``big`` jobs queued up front (one submit_all: the daemon accepts them far faster
+    than they run) against 1,000, and the daemon's RSS per job it held at the deepest sample of the big
+    run (RSS over its idle RSS, so what ended jobs left behind counts against it too)."""
+    import psutil
+
+    small, big = 1000, s.pick(20_000, 1_000_000)
     lo: list[float] = []
     hi: list[float] = []
+    deep: list[tuple[int, int]] = []
+    failed = 0
     with pilot(home, "depth", local_config()) as ex:
-        for _ in range(s.repeat if s.quick else 1):  # the 100,000 run is a minute long: once
+        pid = daemon_pid(home)
+        time.sleep(0.5)
+        idle = psutil.Process(pid).memory_info().rss
+        for _ in range(s.repeat if s.quick else 1):  # the 1,000,000 run is several minutes long: once
             # The 1,000 baseline takes half a second, where one noisy moment moves it by 10 %: the median
             # of 5 runs around the long one.
             for _ in range(1 if s.quick else 3):
                 lo.append(pilot_rate(ex, small, timeout=300)[0])
-            hi.append(pilot_rate(ex, big, timeout=max(300.0, big / 50))[0])
+            rate, bad, held, rss = deep_rate(ex, big, pid, timeout=max(300.0, big / 50))
+            hi.append(rate)
+            failed += bad
+            deep.append((held, rss))
             for _ in range(0 if s.quick else 2):
                 lo.append(pilot_rate(ex, small, timeout=300)[0])
     h, low = med(hi), med(lo)
+    held, rss = max(deep)
+    per_job = (rss - idle) / held if held else float("nan")
     return Row(
         "depth",
         f"{big:,} up front vs {small:,}, submit_all()",
@@ -298,10 +359,19 @@ def w_depth(home: Path, s: Sizes) -> Row:
         low,
         f"tasks/s @{small // 1000}k",
         h / low,
-        ">= 0.9",
-        h / low >= 0.9,
-        f"{small:,}: {', '.join(f'{x:,.0f}' for x in lo)} tasks/s",
-        {"per_s_small": lo, "per_s_big": hi, "small": small, "big": big},
+        ">= 0.9; <= 1 KB/job",
+        h / low >= 0.9 and per_job <= 1024,
+        f"{small:,}: {', '.join(f'{x:,.0f}' for x in lo)} tasks/s; daemon RSS {per_job:,.0f} B/job held "
+        f"({held:,} held, {rss / 2**20:.0f} MiB, idle {idle / 2**20:.0f} MiB); {failed} failed",
+        {
+            "per_s_small": lo,
+            "per_s_big": hi,
+            "small": small,
+            "big": big,
+            "idle_rss": idle,
+            "deepest": deep,
+            "rss_per_job": per_job,
+        },
     )
 
 
@@ -402,10 +472,50 @@ def w_memory(home: Path, s: Sizes) -> Row:
         idle / 2**20,
         "idle RSS MiB",
         loaded / idle,
-        "<= 2 KB/job",
-        per_job <= 2048,
+        "<= 1 KB/job",
+        per_job <= 1024,
         f"ratio = loaded/idle RSS; loaded {loaded / 2**20:.0f} MiB; accepted in {t_accept:.1f} s",
         {"idle_rss": idle, "loaded_rss": loaded, "jobs": n},
+    )
+
+
+def w_clients(home: Path, s: Sizes) -> Row:
+    """Issue 24's many clients: ``clients`` processes each streaming ``per`` jobs with the plain loop on
+    a default executor, at once, against one such client alone (the median of 3: 2 before, 1 after)."""
+    from bench.clients import exactly_once, listed, streams
+
+    clients, per = s.pick(10, 50), s.pick(500, 2000)
+    timeout = max(300.0, clients * per / 50)
+    runs: list[tuple[int, int, dict[str, Any]]] = []
+    with pilot(home, "clients", local_config()):
+        url, pid = str(home / f"embedded-{os.getpid()}"), daemon_pid(home)
+        for first, count in ((0, 1), (1, 1), (2, clients), (2 + clients, 1)):
+            runs.append((first, count, streams(url, count, per, first=first, timeout=timeout, daemon=pid)))
+        faults = exactly_once(runs, listed(Path(url), sum(c for _, c, _ in runs) * per))
+    one = med(r["per_s"] for _, c, r in runs if c == 1)
+    many = runs[2][2]["per_s"]
+    us_one, us_many = med(r["daemon_us"] for _, c, r in runs if c == 1), runs[2][2]["daemon_us"]
+    return Row(
+        "clients",
+        f"{clients} clients x {per:,} x /bin/true, plain submit() loop each, at once",
+        many,
+        "tasks/s",
+        one,
+        "tasks/s 1 client",
+        many / one,
+        ">= 0.9; exactly once",
+        many / one >= 0.9 and not faults,
+        ("; ".join(faults) or f"every job exactly once ({sum(c for _, c, _ in runs) * per:,} jobs)")
+        + f"; daemon CPU {us_many:.0f} µs/job ({us_one:.0f} with 1 client)",
+        {
+            "per_s_one": [r["per_s"] for _, c, r in runs if c == 1],
+            "per_s_many": many,
+            "daemon_us_one": [r["daemon_us"] for _, c, r in runs if c == 1],
+            "daemon_us_many": us_many,
+            "clients": clients,
+            "per_client": per,
+            "faults": faults,
+        },
     )
 
 
@@ -494,6 +604,7 @@ WORKLOADS: dict[str, Callable[[Path, Sizes], Row | list[Row]]] = {
     "scheduler": w_scheduler,
     "memory": w_memory,
     "multinode": w_multinode,
+    "clients": w_clients,
     "null": w_null,
     "psij": w_psij,
 }

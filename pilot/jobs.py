@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 from pilot.core.phase import Phase
 from pilot.launchers.base import PlannedProcess
@@ -30,6 +32,11 @@ class ProcessResult:
         return self.message is None and self.exit_code == 0
 
 
+#: What an attempt holds before it is placed: shared empty, immutable values (a queued job's attempt
+#: holds no list or dict of its own; the first write makes them).
+_NO_PROCESSES: Final[Mapping[int, Any]] = MappingProxyType({})
+
+
 @dataclass(slots=True, eq=False)
 class Attempt:
     """One placement of a job and what came of it. A job placed afresh (requeued after a lost node,
@@ -37,17 +44,35 @@ class Attempt:
 
     #: Re-runs after losing a node (restartable jobs); a withdrawal keeps the number (nothing ran).
     number: int = 0
-    ranks: list[RankPlacement] = field(default_factory=list)
+    ranks: Sequence[RankPlacement] = ()
     #: Which task of which group holds each rank, and the per-job consumables taken (task group
     #: requests); None for alike processes placed on slots alone.
     placement: JobPlacement | None = None
-    taken: list[bool] = field(default_factory=list)  # per rank: its slots are still taken
-    processes: dict[int, PlannedProcess] = field(default_factory=dict)  # slot -> plan, while outstanding
-    results: dict[int, ProcessResult] = field(default_factory=dict)
+    taken: list[bool] | tuple[()] = ()  # per rank: its slots are still taken
+    #: slot -> plan, while outstanding (written through :meth:`add_process` and :meth:`pop_process`).
+    processes: Mapping[int, PlannedProcess] = field(default_factory=lambda: _NO_PROCESSES)
+    #: slot -> what came of it (written through :meth:`add_result`).
+    results: Mapping[int, ProcessResult] = field(default_factory=lambda: _NO_PROCESSES)
     environment: dict[str, str] | None = None  # what pre_launch set
-    unset: list[str] = field(default_factory=list)  # what pre_launch unset
+    unset: Sequence[str] = ()  # what pre_launch unset
     started: float | None = None
     ended: float | None = None
+
+    def add_process(self, slot: int, plan: PlannedProcess) -> None:
+        processes = self.processes if isinstance(self.processes, dict) else {}
+        processes[slot] = plan
+        self.processes = processes
+
+    def pop_process(self, slot: int) -> PlannedProcess:
+        processes = self.processes if isinstance(self.processes, dict) else dict(self.processes)
+        plan = processes.pop(slot)
+        self.processes = processes
+        return plan
+
+    def add_result(self, slot: int, result: ProcessResult) -> None:
+        results = self.results if isinstance(self.results, dict) else {}
+        results[slot] = result
+        self.results = results
 
 
 @dataclass(slots=True, eq=False)
@@ -59,7 +84,8 @@ class JobRecord:
     phase: Phase = Phase.QUEUED
     message: str | None = None
     exit_code: int | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    #: What its processes reported, once it ended (None until then: a queued job holds no dict).
+    metadata: dict[str, Any] | None = None
     state_time: float = field(default_factory=time.time)
     run: Attempt = field(default_factory=Attempt)
     cancel_reason: str | None = None

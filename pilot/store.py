@@ -406,20 +406,24 @@ class Store:
             max_seq = max(max_seq, seq)
         for jid, slot, node, role, code, sig, msg, reason, data in db.execute("SELECT * FROM results"):
             if jid in jobs:
-                jobs[jid].run.results[slot] = ProcessResult(
-                    node,
-                    role,
-                    exit_code=code,
-                    signal=sig,
-                    message=msg,
-                    reason=reason,
-                    data=unpack(data) if data else {},
+                jobs[jid].run.add_result(
+                    slot,
+                    ProcessResult(
+                        node,
+                        role,
+                        exit_code=code,
+                        signal=sig,
+                        message=msg,
+                        reason=reason,
+                        data=unpack(data) if data else {},
+                    ),
                 )
         for jid, slot, node, order, holds in db.execute("SELECT * FROM processes"):
             owner = jobs.get(jid)
             if owner is None or owner.final or slot in owner.run.results:
                 continue  # done: only outstanding processes are rebuilt
-            owner.run.processes[slot] = PlannedProcess(node, ProcessOrder.from_wire(unpack(order)), list(unpack(holds)))
+            plan = PlannedProcess(node, ProcessOrder.from_wire(unpack(order)), list(unpack(holds)))
+            owner.run.add_process(slot, plan)
         for job in jobs.values():
             job.run.taken = _taken(job)
         out.jobs = list(jobs.values())

@@ -348,7 +348,7 @@ def test_job_accepted_and_changed_in_one_batch(tmp_path: Path) -> None:
         ranks,
     )
     assert list(j1.run.processes) == [0] and j1.run.taken == [True]
-    assert (j2.phase, j2.run.number, j2.run.ranks, j2.run.processes) == (Phase.QUEUED, 1, [], {})
+    assert (j2.phase, j2.run.number, list(j2.run.ranks), dict(j2.run.processes)) == (Phase.QUEUED, 1, [], {})
     assert (j3.state, j3.exit_code, j3.metadata, j3.description) == (JobState.COMPLETED, 0, meta, _desc(3))
     assert rec.next_seq == 4
 

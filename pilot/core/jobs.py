@@ -76,6 +76,7 @@ class JobBook:
         #: Jobs that ended since the last flush: they leave memory once it sent their final status
         #: (the journal keeps them), so memory follows the unfinished work only.
         self._retired: list[JobRecord] = []
+        self._alone: dict[bytes, tuple[bytes]] = {}  # see _followers
 
     # -- the state machine --------------------------------------------------------------------------
 
@@ -137,7 +138,7 @@ class JobBook:
             self._placed.add(job)
 
     def result(self, job: JobRecord, slot: int, result: ProcessResult) -> None:
-        job.run.results[slot] = result
+        job.run.add_result(slot, result)
         self._results.append((job, slot, result))
         self._dirty.add(job)
 
@@ -177,6 +178,16 @@ class JobBook:
         self.leases.grant(job_id, last)
         self.seq = last
 
+    def _followers(self, ident: bytes) -> tuple[bytes]:
+        """One client as a job's subscribers: the same tuple for all its jobs (immutable; a job followed
+        by another client too gets a new one), not one per job queued."""
+        alone = self._alone.get(ident)
+        if alone is None:
+            if len(self._alone) >= 4096:
+                self._alone.clear()
+            alone = self._alone[ident] = (ident,)
+        return alone
+
     def accept(self, ident: bytes, job: JobRecord, raw: Any, *, submit_id: str | None = None) -> None:
         """A job the pilot takes: its id is the next one (:meth:`next_id`) or one leased for it (its
         submit id, checked free by admission)."""
@@ -185,7 +196,9 @@ class JobBook:
         else:
             self.seq += 1
             assert job.id == str(self.seq)
-        if ident not in job.subscribers:
+        if not job.subscribers:
+            job.subscribers = self._followers(ident)
+        elif ident not in job.subscribers:
             job.subscribers += (ident,)
         self.jobs[job.id] = job
         self.outbox.journal.job_accepted(job.id, int(job.id), raw, job.submitted, submit_id=submit_id)
@@ -331,7 +344,7 @@ class JobBook:
 
 def _ended(job: JobRecord) -> None:
     """One info line per job end in the daemon's log: what 'grep' and log tools find after the fact."""
-    m = job.metadata
+    m = job.metadata or {}
     log.info(
         "job ended",
         job=job.id,

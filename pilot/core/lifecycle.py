@@ -109,7 +109,7 @@ class Lifecycle(Part):
 
     def dispatch(self, job: JobRecord, plan: PlannedProcess) -> None:
         agent = self.nodes.agents.get(plan.node)
-        job.run.processes[plan.order.slot] = plan
+        job.run.add_process(plan.order.slot, plan)
         if agent is None or agent.state != "active":
             self.process_done(
                 job, plan.order.slot, ProcessResult(plan.node, plan.order.role, message=f"node {plan.node} is gone")
@@ -251,7 +251,7 @@ class Lifecycle(Part):
 
     def process_done(self, job: JobRecord, slot: int, result: ProcessResult) -> None:
         run = job.run
-        plan = run.processes.pop(slot, None)
+        plan = run.pop_process(slot) if slot in run.processes else None
         if plan is None:
             return
         agent = self.nodes.agents.get(plan.node)
@@ -356,7 +356,7 @@ class Lifecycle(Part):
     def _withdrawn(self, job: JobRecord, slot: int) -> None:
         """Its agent gave the order back unstarted: the job is placed afresh, ahead of the queue. Not an
         attempt (nothing ran); its state stays QUEUED."""
-        plan = job.run.processes.pop(slot)
+        plan = job.run.pop_process(slot)
         agent = self.nodes.agents.get(plan.node)
         if agent is not None:
             agent.processes.discard((plan.order.job_id, slot))

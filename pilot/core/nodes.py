@@ -146,6 +146,7 @@ class NodeBook:
         run = job.run
         if not (i < len(run.taken) and run.taken[i]):
             return
+        assert isinstance(run.taken, list)  # i < len(run.taken): it was placed
         run.taken[i] = False
         rank = run.ranks[i]
         node = self.slots.get(rank.node)

@@ -57,7 +57,7 @@ class Planner:
         """One task group's processes. ``indices``: the job's ranks it holds (None: all of them), and
         ``tasks``: the task each rank of the job runs."""
         g = job.request.groups[group]
-        ranks = job.run.ranks
+        ranks = list(job.run.ranks)
         if indices is not None:
             ranks = [ranks[i] for i in indices]
             hosts = [hosts[i] for i in indices]

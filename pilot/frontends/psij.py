@@ -4,7 +4,8 @@ node requirements and preferences from its ``pilot.*`` ones."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Hashable
+from typing import Any, Final
 
 from pilot.frontends import psij_requirements
 from pilot.launchers.base import GroupLaunch, TaskLaunch
@@ -16,15 +17,61 @@ from pilot.scheduler.dag import DEPENDS_ON, dependencies_from_custom
 
 def compile_entry(raw: Any, *, cluster: Cluster) -> Submission:
     """Raises DescriptionError naming the field at fault. ``raw`` is what the journal keeps: from_wire
-    accepted it."""
-    description = JobDescription.from_wire(raw)
+    accepted it. Jobs sent with the same description share one JobDescription (and, placed on slots
+    without dependencies, one Request): a million queued copies of a job cost one description."""
+    key = _frozen(raw, 0)
+    hit = _SHARED.get(key) if key is not None else None
+    if hit is not None and hit[1] is not None and not cluster.registry.binds_every_job:
+        return Submission([hit[1]], [raw])
+    description = JobDescription.from_wire(raw) if hit is None else hit[0]
     request = _request(description, cluster)
     custom = description.custom_attributes
     if DEPENDS_ON in custom:
         request.dependencies = tuple(dependencies_from_custom(custom))
     if PRIORITY in custom:
         request.priority = priority_from_custom(custom)
+    if key is not None and hit is None:
+        if len(_SHARED) >= _SHARED_MOST:
+            _SHARED.clear()  # descriptions that all differ: sharing saves nothing, and costs no more than this
+        plain = request.slots is not None and DEPENDS_ON not in custom  # made from the description alone
+        _SHARED[key] = (description, request if plain else None)
     return Submission([request], [raw])
+
+
+#: The descriptions (and plain requests) of recent jobs by their wire form: immutable, so shared.
+_SHARED: Final[dict[Hashable, tuple[JobDescription, Request | None]]] = {}
+_SHARED_MOST: Final = 1024
+#: Wire forms nested deeper than this are not shared (none of a PSI/J description's fields is).
+_DEPTH: Final = 8
+
+
+def _frozen(value: Any, depth: int) -> Hashable | None:
+    """A wire value as a hashable key that tells its types apart (1, 1.0 and True are three keys, so a
+    value from_wire refuses is never taken for one it accepted); None: not to be shared."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        if depth >= _DEPTH:
+            return None
+        items = []
+        for k, v in value.items():
+            fk, fv = _frozen(k, depth + 1), _frozen(v, depth + 1)
+            if fk is None or fv is None:
+                return None
+            items.append((fk, fv))
+        return (dict, *items)
+    if isinstance(value, list):
+        if depth >= _DEPTH:
+            return None
+        frozen = [_frozen(v, depth + 1) for v in value]
+        return None if None in frozen else (list, *frozen)
+    if value is None:
+        return (None,)
+    if isinstance(value, float):
+        return (float, value.hex())  # -0.0 and 0.0 apart
+    if isinstance(value, bool | int | bytes):
+        return (type(value), value)
+    return None
 
 
 def rebuild(description: JobDescription, extra: dict[str, Any], *, cluster: Cluster) -> Request:
