@@ -25,6 +25,7 @@ import structlog
 import zmq
 
 from agent import probe
+from agent.hosting import Host
 from agent.processes import ProcessEngine
 from agent.simulated import NullEngine
 from agent.staging import Stager
@@ -75,11 +76,16 @@ class Agent:
         launch: str = "spawn",
         null_duration: float = 0.0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        host: Host | None = None,
     ) -> None:
         """``launch``: ``spawn`` runs the orders; ``null`` only simulates them (see
         :mod:`agent.simulated`), each lasting ``null_duration`` seconds. ``context``: a ZeroMQ context
-        shared by the agents of the virtual nodes one process hosts (null launches only)."""
+        shared by the agents of the virtual nodes one process hosts (null launches only); ``host``:
+        theirs, which sends their heartbeats as one and their REGISTERs in batches."""
         self.node = node
+        self._host = host
+        if host is not None:
+            host.add(self)
         self._url = daemon_url
         self._disk = str(workdir)
         self._heartbeat = heartbeat_interval
@@ -152,6 +158,8 @@ class Agent:
                 self._engine.kill(ref, reason="agent exiting", sig=signal.SIGKILL)
             await anyio.to_thread.run_sync(self._engine.stop)
             await anyio.to_thread.run_sync(self._stager.stop)
+            if self._host is not None:
+                self._host.remove(self)
             self._forward()
             self._queue(Bye(self.node.name))
             self._send_out()
@@ -276,10 +284,11 @@ class Agent:
             log.info("registered", node=self.node.name)
         elif isinstance(msg, HeartbeatReply):
             if not msg.known:
-                self._registered = False
-                self._next_beat = 0.0
+                self.unknown()
             else:
                 self._acked(msg.acked)
+            if self._host is not None and (msg.acks or msg.unknown):
+                self._host.heard(msg)
         elif isinstance(msg, Stop):
             self._begin_stop(msg.reason)
 
@@ -292,6 +301,36 @@ class Agent:
                         self._stager.submit(o)
                 orders = [o for o in orders if o.role not in STAGING_ROLES]
             self._engine.submit(orders)
+
+    # -- what the host of many virtual nodes does for them (agent.hosting) ------------------------
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self._heartbeat
+
+    def heard(self, now: float, acked: int) -> None:
+        """The daemon heard this node's heartbeat (sent in another's) and has its events up to ``acked``."""
+        self._last_heard = now
+        self._acked(acked)
+
+    def unknown(self) -> None:
+        """The daemon does not know this node (any more): it registers again at its next turn."""
+        self._registered = False
+        self._next_beat = 0.0
+
+    def send(self, msg: Body) -> None:
+        """Send ``msg`` on this node's socket from outside its loop (same thread); the loop is woken,
+        since a send may consume the socket's signal of a frame waiting to be read."""
+        self._queue(msg)
+        self._send_out()
+        self._waiter.poke()
+
+    def measure(self, now: float) -> tuple[dict[str, float], dict[str, float]]:
+        return self._measures(now)
 
     # -- outbound ---------------------------------------------------------------------------------
 
@@ -361,23 +400,26 @@ class Agent:
     def _tick(self, now: float) -> None:
         if now >= self._next_beat:
             if self._registered:
-                values, utilized = self._measures(now)
-                self._queue(Heartbeat(os.getloadavg(), values, utilized))
+                if self._host is None:  # else the host's heartbeat names this node
+                    values, utilized = self._measures(now)
+                    self._queue(Heartbeat(os.getloadavg(), values, utilized))
                 self._next_beat = now + self._heartbeat
             else:
                 running, events = self._engine.snapshot()
                 staging, staged = self._stager.snapshot()
                 running += staging
                 self._forward(events + staged)
-                self._queue(
-                    Register(
-                        self.node,
-                        tuple(running),
-                        tuple(ev for _, chunk in self._unacked for ev in chunk),
-                        self._seq,
-                        probe.measures(self.node, disk_path=self._disk)[0],  # matchable from the start
-                    )
+                register = Register(
+                    self.node,
+                    tuple(running),
+                    tuple(ev for _, chunk in self._unacked for ev in chunk),
+                    self._seq,
+                    self._measures(now)[0],  # matchable from the start
                 )
+                if self._host is not None:
+                    self._host.register(self, register)
+                else:
+                    self._queue(register)
                 self._next_beat = now + min(self._heartbeat, 0.5)
             if now - self._last_heard > self._orphan_timeout and not self._stopping:
                 log.error("daemon silent, stopping", node=self.node.name, seconds=self._orphan_timeout)
