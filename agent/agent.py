@@ -59,6 +59,11 @@ log = structlog.get_logger("agent")
 #: Measurements shared by the agents of one process (see ``Agent._measures``): key -> (when, values).
 _SHARED_MEASURES: dict[tuple[tuple[int, ...], str], tuple[float, tuple[dict[str, float], dict[str, float]]]] = {}
 _SHARED_MEASURES_TTL = 1.0
+#: A hosted node (agent.hosting) waits this long for its REGISTER's answer before sending it again (then
+#: twice as long each time, up to the most); registered, it looks at the daemon's silence this often.
+_HOSTED_REGISTER_WAIT = 5.0
+_HOSTED_REGISTER_WAIT_MOST = 30.0
+_HOSTED_LOOK = 5.0
 
 
 class Agent:
@@ -126,6 +131,7 @@ class Agent:
         self._unacked: deque[tuple[int, list[Any]]] = deque()
         self._seq = 0
         self._registered = False
+        self._register_wait = _HOSTED_REGISTER_WAIT
         self._last_heard = time.monotonic()
         self._next_beat = 0.0
         self._timers: list[tuple[float, ProcessRef, str]] = []
@@ -281,6 +287,7 @@ class Agent:
                 self._queue(TaskEvents(tuple(events), seq))
             self._heartbeat = msg.heartbeat_interval
             self._next_beat = time.monotonic() + self._heartbeat
+            self._register_wait = _HOSTED_REGISTER_WAIT
             log.info("registered", node=self.node.name)
         elif isinstance(msg, HeartbeatReply):
             if not msg.known:
@@ -322,12 +329,18 @@ class Agent:
         self._registered = False
         self._next_beat = 0.0
 
-    def send(self, msg: Body) -> None:
+    def send(self, msg: Body) -> bool:
         """Send ``msg`` on this node's socket from outside its loop (same thread); the loop is woken,
-        since a send may consume the socket's signal of a frame waiting to be read."""
+        since a send may consume the socket's signal of a frame waiting to be read. False while some
+        of what is queued could not go yet (see :meth:`send_out`)."""
         self._queue(msg)
+        return self.send_out()
+
+    def send_out(self) -> bool:
+        """Send what is queued, from outside the loop; whether everything went."""
         self._send_out()
         self._waiter.poke()
+        return not self._out
 
     def measure(self, now: float) -> tuple[dict[str, float], dict[str, float]]:
         return self._measures(now)
@@ -400,10 +413,12 @@ class Agent:
     def _tick(self, now: float) -> None:
         if now >= self._next_beat:
             if self._registered:
-                if self._host is None:  # else the host's heartbeat names this node
+                if self._host is None:
                     values, utilized = self._measures(now)
                     self._queue(Heartbeat(os.getloadavg(), values, utilized))
-                self._next_beat = now + self._heartbeat
+                    self._next_beat = now + self._heartbeat
+                else:  # the host's heartbeat names this node; it only looks at the daemon's silence here
+                    self._next_beat = now + max(self._heartbeat, _HOSTED_LOOK)
             else:
                 running, events = self._engine.snapshot()
                 staging, staged = self._stager.snapshot()
@@ -417,10 +432,14 @@ class Agent:
                     self._measures(now)[0],  # matchable from the start
                 )
                 if self._host is not None:
+                    # Thousands of nodes: while the daemon works through their REGISTERs, sending them
+                    # again every half second would only bury it deeper. Each waits longer, up to 30 s.
                     self._host.register(self, register)
+                    self._next_beat = now + self._register_wait
+                    self._register_wait = min(self._register_wait * 2, _HOSTED_REGISTER_WAIT_MOST)
                 else:
                     self._queue(register)
-                self._next_beat = now + min(self._heartbeat, 0.5)
+                    self._next_beat = now + min(self._heartbeat, 0.5)
             if now - self._last_heard > self._orphan_timeout and not self._stopping:
                 log.error("daemon silent, stopping", node=self.node.name, seconds=self._orphan_timeout)
                 self._begin_stop(f"agent on {self.node.name} lost its daemon")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import anyio
 import structlog
 
-from pilot.wire.messages import Heartbeat, HeartbeatReply, Register
+from pilot.wire.messages import Body, Heartbeat, HeartbeatReply, Register
 
 if TYPE_CHECKING:
     from agent.agent import Agent
@@ -39,12 +39,16 @@ class Host:
         self._registering: dict[str, Register] = {}
         self._wake: anyio.Event | None = None  # made in run(): an event belongs to its loop
         self._next_beat = 0.0
+        #: Agents whose socket could not take what the host sent yet (not connected yet, or full): it
+        #: is tried again every moment, not left for their own next turn, seconds away.
+        self._unsent: set[Agent] = set()
 
     def add(self, agent: Agent) -> None:
         self.agents[agent.node.name] = agent
 
     def remove(self, agent: Agent) -> None:
         self.agents.pop(agent.node.name, None)
+        self._unsent.discard(agent)
         self._registering.pop(agent.node.name, None)
 
     def register(self, agent: Agent, msg: Register) -> None:
@@ -71,8 +75,11 @@ class Host:
         while True:
             wake = self._wake = anyio.Event()
             if not self._registering:
-                with anyio.move_on_after(max(0.0, self._next_beat - time.monotonic())):
+                wait = max(0.0, self._next_beat - time.monotonic())
+                with anyio.move_on_after(min(wait, _GATHER) if self._unsent else wait):
                     await wake.wait()
+            if self._unsent:
+                self._unsent = {a for a in self._unsent if not a.send_out()}
             if self._registering:
                 await anyio.sleep(_GATHER)
                 self._send_registers()
@@ -87,7 +94,11 @@ class Host:
         for i in range(0, len(batch), REGISTER_BATCH):
             chunk = batch[i : i + REGISTER_BATCH]
             sender, first = chunk[0]
-            sender.send(dataclasses.replace(first, more=tuple(msg for _, msg in chunk[1:])))
+            self._send(sender, dataclasses.replace(first, more=tuple(msg for _, msg in chunk[1:])))
+
+    def _send(self, agent: Agent, msg: Body) -> None:
+        if not agent.send(msg):
+            self._unsent.add(agent)
 
     def _beat(self, now: float) -> None:
         names = [name for name, a in self.agents.items() if a.registered]
@@ -96,5 +107,5 @@ class Host:
             return
         sender = self.agents[names[0]]
         values, utilized = sender.measure(now)
-        sender.send(Heartbeat(os.getloadavg(), values, utilized, tuple(names[1:])))
+        self._send(sender, Heartbeat(os.getloadavg(), values, utilized, tuple(names[1:])))
         self._next_beat = now + sender.heartbeat_interval

@@ -57,6 +57,8 @@ class Agents(Part):
         agent = self.nodes.agents.get(name)
         if isinstance(msg, Register):
             self._on_register(name, agent, msg)
+            if msg.more:
+                log.info("nodes registered in one batch", sender=name, nodes=1 + len(msg.more))
             for entry in msg.more:
                 other = entry.node.name
                 try:
@@ -88,17 +90,7 @@ class Agents(Part):
             if not msg.nodes:
                 self.outbox.to_agent(name, HeartbeatReply(known=True, acked=agent.acked))
                 return
-            acks: dict[str, int] = {}
-            unknown: list[str] = []
-            here = allocation_of_node(name)
-            for other in msg.nodes:
-                hosted = self.nodes.agents.get(other)
-                if hosted is None or not self.registered(other) or allocation_of_node(other) != here:
-                    unknown.append(other)
-                else:
-                    self._beat(hosted, msg)
-                    acks[other] = hosted.acked
-            self.outbox.to_agent(name, HeartbeatReply(known=True, acked=agent.acked, acks=acks, unknown=tuple(unknown)))
+            self._beats(name, agent, msg)
         else:
             self.gone(agent, f"agent on {name} exited", state="stopped")
 
@@ -107,6 +99,29 @@ class Agents(Part):
         if msg.load:
             agent.load = list(msg.load)
         self.nodes.measures(agent, values=msg.values, utilized=msg.utilized)
+
+    def _beats(self, name: str, agent: AgentRecord, msg: Heartbeat) -> None:
+        """A heartbeat that speaks for other nodes of the sender's process too: each one it names that
+        is registered, of the sender's allocation, is heard; the reply acknowledges each one's events
+        and names the others (they must register again). O(nodes named), nothing more."""
+        acks: dict[str, int] = {}
+        unknown: list[str] = []
+        heard: list[AgentRecord] = []
+        here = allocation_of_node(name)
+        mono, agents = self.clock.mono, self.nodes.agents
+        load = list(msg.load) if msg.load else None  # one list for all: never changed in place
+        for other in msg.nodes:
+            hosted = agents.get(other)
+            if hosted is None or hosted.state != "active" or not hosted.confirmed or allocation_of_node(other) != here:
+                unknown.append(other)
+                continue
+            hosted.last_seen = mono
+            if load is not None:
+                hosted.load = load
+            acks[other] = hosted.acked
+            heard.append(hosted)
+        self.nodes.measures_of_many(heard, values=msg.values, utilized=msg.utilized)
+        self.outbox.to_agent(name, HeartbeatReply(known=True, acked=agent.acked, acks=acks, unknown=tuple(unknown)))
 
     def _expected_names(self, owner: PilotAllocation) -> frozenset[str]:
         expected = owner.allocation.expected_nodes
