@@ -108,11 +108,17 @@ class Agents(Part):
         unknown: list[str] = []
         heard: list[AgentRecord] = []
         here = allocation_of_node(name)
+        first = "@" not in name  # a plain name is of the first allocation: so is any other plain name
         mono, agents = self.clock.mono, self.nodes.agents
         load = list(msg.load) if msg.load else None  # one list for all: never changed in place
         for other in msg.nodes:
             hosted = agents.get(other)
-            if hosted is None or hosted.state != "active" or not hosted.confirmed or allocation_of_node(other) != here:
+            if (
+                hosted is None
+                or hosted.state != "active"
+                or not hosted.confirmed
+                or (not (first and "@" not in other) and allocation_of_node(other) != here)
+            ):
                 unknown.append(other)
                 continue
             hosted.last_seen = mono
