@@ -25,6 +25,7 @@ import structlog
 import zmq
 
 from agent import probe
+from agent.hosting import Host
 from agent.processes import ProcessEngine
 from agent.simulated import NullEngine
 from agent.staging import Stager
@@ -58,6 +59,11 @@ log = structlog.get_logger("agent")
 #: Measurements shared by the agents of one process (see ``Agent._measures``): key -> (when, values).
 _SHARED_MEASURES: dict[tuple[tuple[int, ...], str], tuple[float, tuple[dict[str, float], dict[str, float]]]] = {}
 _SHARED_MEASURES_TTL = 1.0
+#: A hosted node (agent.hosting) waits this long for its REGISTER's answer before sending it again (then
+#: twice as long each time, up to the most); registered, it looks at the daemon's silence this often.
+_HOSTED_REGISTER_WAIT = 5.0
+_HOSTED_REGISTER_WAIT_MOST = 30.0
+_HOSTED_LOOK = 5.0
 
 
 class Agent:
@@ -75,11 +81,16 @@ class Agent:
         launch: str = "spawn",
         null_duration: float = 0.0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        host: Host | None = None,
     ) -> None:
         """``launch``: ``spawn`` runs the orders; ``null`` only simulates them (see
         :mod:`agent.simulated`), each lasting ``null_duration`` seconds. ``context``: a ZeroMQ context
-        shared by the agents of the virtual nodes one process hosts (null launches only)."""
+        shared by the agents of the virtual nodes one process hosts (null launches only); ``host``:
+        theirs, which sends their heartbeats as one and their REGISTERs in batches."""
         self.node = node
+        self._host = host
+        if host is not None:
+            host.add(self)
         self._url = daemon_url
         self._disk = str(workdir)
         self._heartbeat = heartbeat_interval
@@ -120,6 +131,7 @@ class Agent:
         self._unacked: deque[tuple[int, list[Any]]] = deque()
         self._seq = 0
         self._registered = False
+        self._register_wait = _HOSTED_REGISTER_WAIT
         self._last_heard = time.monotonic()
         self._next_beat = 0.0
         self._timers: list[tuple[float, ProcessRef, str]] = []
@@ -152,6 +164,8 @@ class Agent:
                 self._engine.kill(ref, reason="agent exiting", sig=signal.SIGKILL)
             await anyio.to_thread.run_sync(self._engine.stop)
             await anyio.to_thread.run_sync(self._stager.stop)
+            if self._host is not None:
+                self._host.remove(self)
             self._forward()
             self._queue(Bye(self.node.name))
             self._send_out()
@@ -273,13 +287,15 @@ class Agent:
                 self._queue(TaskEvents(tuple(events), seq))
             self._heartbeat = msg.heartbeat_interval
             self._next_beat = time.monotonic() + self._heartbeat
+            self._register_wait = _HOSTED_REGISTER_WAIT
             log.info("registered", node=self.node.name)
         elif isinstance(msg, HeartbeatReply):
             if not msg.known:
-                self._registered = False
-                self._next_beat = 0.0
+                self.unknown()
             else:
                 self._acked(msg.acked)
+            if self._host is not None and (msg.acks or msg.unknown):
+                self._host.heard(msg)
         elif isinstance(msg, Stop):
             self._begin_stop(msg.reason)
 
@@ -292,6 +308,42 @@ class Agent:
                         self._stager.submit(o)
                 orders = [o for o in orders if o.role not in STAGING_ROLES]
             self._engine.submit(orders)
+
+    # -- what the host of many virtual nodes does for them (agent.hosting) ------------------------
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self._heartbeat
+
+    def heard(self, now: float, acked: int) -> None:
+        """The daemon heard this node's heartbeat (sent in another's) and has its events up to ``acked``."""
+        self._last_heard = now
+        self._acked(acked)
+
+    def unknown(self) -> None:
+        """The daemon does not know this node (any more): it registers again at its next turn."""
+        self._registered = False
+        self._next_beat = 0.0
+
+    def send(self, msg: Body) -> bool:
+        """Send ``msg`` on this node's socket from outside its loop (same thread); the loop is woken,
+        since a send may consume the socket's signal of a frame waiting to be read. False while some
+        of what is queued could not go yet (see :meth:`send_out`)."""
+        self._queue(msg)
+        return self.send_out()
+
+    def send_out(self) -> bool:
+        """Send what is queued, from outside the loop; whether everything went."""
+        self._send_out()
+        self._waiter.poke()
+        return not self._out
+
+    def measure(self, now: float) -> tuple[dict[str, float], dict[str, float]]:
+        return self._measures(now)
 
     # -- outbound ---------------------------------------------------------------------------------
 
@@ -361,24 +413,33 @@ class Agent:
     def _tick(self, now: float) -> None:
         if now >= self._next_beat:
             if self._registered:
-                values, utilized = self._measures(now)
-                self._queue(Heartbeat(os.getloadavg(), values, utilized))
-                self._next_beat = now + self._heartbeat
+                if self._host is None:
+                    values, utilized = self._measures(now)
+                    self._queue(Heartbeat(os.getloadavg(), values, utilized))
+                    self._next_beat = now + self._heartbeat
+                else:  # the host's heartbeat names this node; it only looks at the daemon's silence here
+                    self._next_beat = now + max(self._heartbeat, _HOSTED_LOOK)
             else:
                 running, events = self._engine.snapshot()
                 staging, staged = self._stager.snapshot()
                 running += staging
                 self._forward(events + staged)
-                self._queue(
-                    Register(
-                        self.node,
-                        tuple(running),
-                        tuple(ev for _, chunk in self._unacked for ev in chunk),
-                        self._seq,
-                        probe.measures(self.node, disk_path=self._disk)[0],  # matchable from the start
-                    )
+                register = Register(
+                    self.node,
+                    tuple(running),
+                    tuple(ev for _, chunk in self._unacked for ev in chunk),
+                    self._seq,
+                    self._measures(now)[0],  # matchable from the start
                 )
-                self._next_beat = now + min(self._heartbeat, 0.5)
+                if self._host is not None:
+                    # Thousands of nodes: while the daemon works through their REGISTERs, sending them
+                    # again every half second would only bury it deeper. Each waits longer, up to 30 s.
+                    self._host.register(self, register)
+                    self._next_beat = now + self._register_wait
+                    self._register_wait = min(self._register_wait * 2, _HOSTED_REGISTER_WAIT_MOST)
+                else:
+                    self._queue(register)
+                    self._next_beat = now + min(self._heartbeat, 0.5)
             if now - self._last_heard > self._orphan_timeout and not self._stopping:
                 log.error("daemon silent, stopping", node=self.node.name, seconds=self._orphan_timeout)
                 self._begin_stop(f"agent on {self.node.name} lost its daemon")

@@ -17,6 +17,7 @@ import anyio
 import zmq
 
 from agent.agent import Agent
+from agent.hosting import Host
 from agent.probe import cpu_map_from_spec, probe, spec_from_env, specs_from_env
 from pilot.collector import collect_rarely
 from pilot.logs import configure
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         base = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="pilot-agents-"))
         base.mkdir(parents=True, exist_ok=True, mode=0o700)
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        host = Host()
         agents = [
             Agent(
                 daemon_url=args.daemon,
@@ -71,14 +73,18 @@ def main(argv: list[str] | None = None) -> None:
                 launch="null",
                 null_duration=args.null_duration,
                 context=ctx,
+                host=host,
             )
             for spec in specs
         ]
 
         async def run_all() -> None:
             async with anyio.create_task_group() as tg:
-                for agent in agents:
-                    tg.start_soon(agent.run)
+                tg.start_soon(host.run)
+                async with anyio.create_task_group() as each:
+                    for agent in agents:
+                        each.start_soon(agent.run)
+                tg.cancel_scope.cancel()  # every agent is done: nothing left to beat for
 
         collect_rarely()
         try:

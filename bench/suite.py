@@ -3,7 +3,7 @@
     python -m bench [--quick] [--only NAME[,NAME]] [--repeat N] [--json FILE]
 
 Workloads (names for ``--only``): throughput, efficiency, roundtrip, depth, submit, scheduler, memory,
-multinode, clients, null, psij (scale: see bench/scale.py). Each one that needs a pilot starts an embedded local pilot the way a user would
+multinode, clients, null, scale, psij. Each one that needs a pilot starts an embedded local pilot the way a user would
 (``client.JobExecutor.get_instance("pilot")`` with ``PILOT_CONFIG`` pointing at a private config, under a
 temporary ``PILOT_HOME``), and closes it before the next. Every wait is bounded; a workload that fails or
 times out prints ``error`` in its row and the suite goes on.
@@ -595,6 +595,55 @@ def w_psij(home: Path, s: Sizes) -> Row:
     )
 
 
+def w_scale(home: Path, s: Sizes) -> list[Row]:
+    """Issue 24's scale row: 10,000 simulated nodes x 128 cores, 1,000 per agent process (bench/scale.py)."""
+    from bench.scale import TARGET_IDLE, TARGET_RATIO, TARGET_UP_S, compare
+
+    nodes, cores, tasks = s.pick(2000, 10_000), 128, s.pick(2000, 10_000)
+    out = compare(home, nodes=nodes, cores=cores, tasks=tasks, nodes_per_agent=1000, idle=s.pick(5, 10))
+    big, base = out["big"], out["base"]
+    what = f"{nodes:,} sim. nodes x {cores} cores, {big['agent_processes']} agent processes"
+    b, o = big["daemon_us_per_task"], base["daemon_us_per_task"]
+    return [
+        Row(
+            "scale/register",
+            f"{what}: every node registered",
+            big["up_s"],
+            "s",
+            None,
+            "",
+            None,
+            f"<= {TARGET_UP_S:.0f} s",
+            big["up_s"] <= TARGET_UP_S,
+            "from starting the pilot",
+            out,
+        ),
+        Row(
+            "scale/idle",
+            f"{what}: daemon CPU while idle (heartbeats)",
+            big["idle_daemon_cpu"] * 100,
+            "% of a cpu",
+            base["idle_daemon_cpu"] * 100,
+            "% at 1 node",
+            None,
+            f"<= {TARGET_IDLE:.0%}",
+            big["idle_daemon_cpu"] <= TARGET_IDLE,
+        ),
+        Row(
+            "scale/task",
+            f"{what}: {tasks:,} null-launch tasks, submit_all()",
+            b,
+            "daemon µs/task",
+            o,
+            "µs/task at 1 node",
+            b / o,
+            f"<= {TARGET_RATIO:.2f} x",
+            b / o <= TARGET_RATIO,
+            f"{big['tasks_per_s']:,.0f} vs {base['tasks_per_s']:,.0f} tasks/s; {big['failed']} failed",
+        ),
+    ]
+
+
 WORKLOADS: dict[str, Callable[[Path, Sizes], Row | list[Row]]] = {
     "throughput": w_throughput,
     "efficiency": w_efficiency,
@@ -607,6 +656,7 @@ WORKLOADS: dict[str, Callable[[Path, Sizes], Row | list[Row]]] = {
     "clients": w_clients,
     "null": w_null,
     "psij": w_psij,
+    "scale": w_scale,
 }
 
 

@@ -9,6 +9,7 @@ leaves that the journal does not hold.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import math
 import os
@@ -462,7 +463,9 @@ class Daemon:
                 return
             msg = cast(AgentMessage, TO_DAEMON_FROM_AGENT[m.kind].from_body(m.body))
             if self.restoration is not None and isinstance(msg, Register):
-                msg = self.restoration.amend(self.core, name, msg)
+                amend = self.restoration.amend
+                more = tuple(amend(self.core, r.node.name, r) for r in msg.more)
+                msg = dataclasses.replace(amend(self.core, name, msg), more=more)
             self.core.on_agent(name, msg)
         except (wire.ProtocolError, UnicodeDecodeError) as exc:
             log.warning("dropped agent frame", reason=str(exc), size=len(payload))

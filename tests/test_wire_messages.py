@@ -16,17 +16,27 @@ from pilot.wire import messages as m
 pytestmark = pytest.mark.timeout(30)
 
 NODE = NodeConfigured(name="n0", hostname="h0", processors=[0, 1], memory=1 << 30)
+NODE2 = NodeConfigured(name="n1", hostname="h1", processors=[0, 1], memory=1 << 30)
+NODE3 = NodeConfigured(name="n2", hostname="h2", processors=[0], memory=1 << 30)
 EVENT = m.TaskEvent("7~1", 0, "exited", 12.5, {"exit_code": 0, "max_rss": 100})
 ORDER = ProcessOrder(job_id="7", slot=0, role="rank", executable="/bin/true", cores=[1], directory="/tmp")
 
 SAMPLES: list[Any] = [
     m.Register(NODE, (("7", 0),), (EVENT,), 3, {"load_avg": 0.5}, {"cpu": 12.0}),
+    m.Register(
+        NODE,
+        values={},
+        utilized={},
+        more=(m.Register(NODE2, (("8", 1),), (), 2, {"a": 1}, {}), m.Register(NODE3, values={}, utilized={})),
+    ),
     m.Heartbeat((0.5, 0.25, 0.125), {"mem_free": 10}, {"cpu": 1.0}),
+    m.Heartbeat((0.5,), {}, {}, nodes=("n1", "n2")),
     m.TaskEvents((EVENT, m.TaskEvent("8", 2, "started", 1.0, {"pid": 5})), 9),
     m.Bye("n0"),
     m.Registered(1.0, 4),
     m.HeartbeatReply(known=True, acked=2),
     m.HeartbeatReply(known=False),
+    m.HeartbeatReply(known=True, acked=2, acks={"n1": 0, "n2": 7}, unknown=("n3",)),
     m.Launch((ORDER,)),
     m.Kill((("7", 0), ("8~1", 3)), "canceled"),
     m.Withdraw((("9", 0),)),
@@ -81,6 +91,29 @@ def test_the_kind_tables_agree_with_the_codecs_sets() -> None:
         (Kind.TASK_EVENTS, {"events": "x"}, "field 'events' must be list"),
         (Kind.REGISTER, {"node": NODE.to_wire(), "running": [["1"]]}, "running must be [job_id, slot] pairs"),
         (Kind.REGISTER, {"running": []}, "missing field 'node'"),
+        (Kind.REGISTER, {"node": NODE.to_wire(), "running": [], "more": {}}, "field 'more' must be list"),
+        (Kind.REGISTER, {"node": NODE.to_wire(), "running": [], "more": [1]}, "must be a list of REGISTER bodies"),
+        (Kind.REGISTER, {"node": NODE.to_wire(), "running": [], "more": [{"running": []}]}, "missing field 'node'"),
+        (
+            Kind.REGISTER,
+            {"node": NODE.to_wire(), "running": [], "more": [{"node": NODE2.to_wire(), "running": [], "more": []}]},
+            "must not carry 'more' itself",
+        ),
+        (
+            Kind.REGISTER,
+            {"node": NODE.to_wire(), "running": [], "more": [{"node": NODE.to_wire(), "running": []}]},
+            "names a node twice",
+        ),
+        (
+            Kind.REGISTER,
+            {"node": NODE.to_wire(), "running": [], "more": [{}] * m.MOST_HOSTED},
+            f"at most {m.MOST_HOSTED - 1} go with one REGISTER",
+        ),
+        (Kind.HEARTBEAT, {"nodes": "n1"}, "field 'nodes' must be list"),
+        (Kind.HEARTBEAT, {"nodes": ["n1", 2]}, "field 'nodes' must be a list of node names"),
+        (Kind.HEARTBEAT, {"nodes": [""]}, "field 'nodes' must be a list of node names"),
+        (Kind.HEARTBEAT, {"nodes": ["x" * 256]}, "field 'nodes' must be a list of node names"),
+        (Kind.HEARTBEAT, {"nodes": ["n"] * m.MOST_HOSTED}, f"at most {m.MOST_HOSTED - 1} go with one message"),
     ],
 )
 def test_hostile_agent_bodies_are_refused_whole(kind: str, body: dict[str, Any], says: str) -> None:
@@ -97,6 +130,11 @@ def test_hostile_agent_bodies_are_refused_whole(kind: str, body: dict[str, Any],
         (Kind.REGISTERED, {"heartbeat_interval": float("nan")}, "is not between 0.01 and 3600 s"),
         (Kind.REGISTERED, {"heartbeat_interval": 0.0}, "is not between 0.01 and 3600 s"),
         (Kind.LAUNCH, {"orders": "x"}, "field 'orders' must be list"),
+        (Kind.HEARTBEAT, {"known": True, "acks": ["n1"]}, "field 'acks' must be dict"),
+        (Kind.HEARTBEAT, {"known": True, "acks": {"n1": "1"}}, "field 'acks' must map"),
+        (Kind.HEARTBEAT, {"known": True, "acks": {"n1": -1}}, "field 'acks' must map"),
+        (Kind.HEARTBEAT, {"known": True, "acks": {"n1": True}}, "field 'acks' must map"),
+        (Kind.HEARTBEAT, {"known": True, "unknown": [3]}, "field 'unknown' must be a list of node names"),
     ],
 )
 def test_hostile_daemon_bodies_are_refused(kind: str, body: dict[str, Any], says: str) -> None:

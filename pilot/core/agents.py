@@ -3,8 +3,12 @@ task events, and an agent that is lost or stopped -- its processes get a definit
 
 from __future__ import annotations
 
+import heapq
+import itertools
+
 import structlog
 
+from pilot.allocations import PilotAllocation, allocation_of_node
 from pilot.core.lifecycle import Lifecycle
 from pilot.core.nodes import AgentRecord
 from pilot.core.outbox import NodeLost
@@ -32,6 +36,13 @@ class Agents(Part):
     def __init__(self, state: CoreState, *, lifecycle: Lifecycle) -> None:
         super().__init__(state)
         self.lifecycle = lifecycle
+        #: When each active agent is due to be looked at for silence: (monotonic, tie, its record). A
+        #: heartbeat only moves ``last_seen``; a tick pops what is due and pushes it again at its new
+        #: deadline if it was heard meanwhile: no tick, nor heartbeat, walks every agent.
+        self._due: list[tuple[float, int, AgentRecord]] = []
+        self._tie = itertools.count()
+        #: Per allocation: its expected nodes' names, built once (a REGISTER checks its name there).
+        self._expected: dict[str, tuple[int, int, frozenset[str]]] = {}
 
     def registered(self, name: str) -> bool:
         """Whether ``name``'s agent may send more than a REGISTER: known, active, and (recovered from the
@@ -46,6 +57,16 @@ class Agents(Part):
         agent = self.nodes.agents.get(name)
         if isinstance(msg, Register):
             self._on_register(name, agent, msg)
+            if msg.more:
+                log.info("nodes registered in one batch", sender=name, nodes=1 + len(msg.more))
+            for entry in msg.more:
+                other = entry.node.name
+                try:
+                    if allocation_of_node(other) != allocation_of_node(name):
+                        raise ProtocolError(f"agent {name!r} registers {other!r}, a node of another allocation")
+                    self._on_register(other, self.nodes.agents.get(other), entry)
+                except ProtocolError as exc:  # the others of the batch are not refused with it
+                    log.warning("refused a node's registration", sender=name, reason=str(exc))
         elif agent is None or not self.registered(name):
             self.ask_to_register(name)
         elif isinstance(msg, TaskEvents):
@@ -65,13 +86,55 @@ class Agents(Part):
             if msg.seq:  # an unnumbered batch is applied, and never acknowledged (nothing to drop)
                 agent.acked = msg.seq
         elif isinstance(msg, Heartbeat):
-            agent.last_seen = self.clock.mono
-            if msg.load:
-                agent.load = list(msg.load)
-            self.nodes.measures(agent, values=msg.values, utilized=msg.utilized)
-            self.outbox.to_agent(name, HeartbeatReply(known=True, acked=agent.acked))
+            self._beat(agent, msg)
+            if not msg.nodes:
+                self.outbox.to_agent(name, HeartbeatReply(known=True, acked=agent.acked))
+                return
+            self._beats(name, agent, msg)
         else:
             self.gone(agent, f"agent on {name} exited", state="stopped")
+
+    def _beat(self, agent: AgentRecord, msg: Heartbeat) -> None:
+        agent.last_seen = self.clock.mono
+        if msg.load:
+            agent.load = list(msg.load)
+        self.nodes.measures(agent, values=msg.values, utilized=msg.utilized)
+
+    def _beats(self, name: str, agent: AgentRecord, msg: Heartbeat) -> None:
+        """A heartbeat that speaks for other nodes of the sender's process too: each one it names that
+        is registered, of the sender's allocation, is heard; the reply acknowledges each one's events
+        and names the others (they must register again). O(nodes named), nothing more."""
+        acks: dict[str, int] = {}
+        unknown: list[str] = []
+        heard: list[AgentRecord] = []
+        here = allocation_of_node(name)
+        first = "@" not in name  # a plain name is of the first allocation: so is any other plain name
+        mono, agents = self.clock.mono, self.nodes.agents
+        load = list(msg.load) if msg.load else None  # one list for all: never changed in place
+        for other in msg.nodes:
+            hosted = agents.get(other)
+            if (
+                hosted is None
+                or hosted.state != "active"
+                or not hosted.confirmed
+                or (not (first and "@" not in other) and allocation_of_node(other) != here)
+            ):
+                unknown.append(other)
+                continue
+            hosted.last_seen = mono
+            if load is not None:
+                hosted.load = load
+            acks[other] = hosted.acked
+            heard.append(hosted)
+        self.nodes.measures_of_many(heard, values=msg.values, utilized=msg.utilized)
+        self.outbox.to_agent(name, HeartbeatReply(known=True, acked=agent.acked, acks=acks, unknown=tuple(unknown)))
+
+    def _expected_names(self, owner: PilotAllocation) -> frozenset[str]:
+        expected = owner.allocation.expected_nodes
+        cached = self._expected.get(owner.name)
+        if cached is None or cached[0] != id(expected) or cached[1] != len(expected):
+            cached = self._expected[owner.name] = (id(expected), len(expected), frozenset(n.name for n in expected))
+        return cached[2]
 
     def _on_register(self, name: str, agent: AgentRecord | None, msg: Register) -> None:
         node = msg.node
@@ -80,8 +143,7 @@ class Agents(Part):
         owner = self.allocations.of_node(name)
         if owner is None or (agent is None and not owner.alive):
             raise ProtocolError(f"agent {name!r} is not a node of an allocation this pilot holds")
-        expected = owner.allocation.expected_nodes
-        if expected and name not in {n.name for n in expected}:
+        if owner.allocation.expected_nodes and name not in self._expected_names(owner):
             raise ProtocolError(f"agent {name!r} is not a node of allocation {owner.name}")
         running, events = msg.running, msg.events
         if agent is not None and agent.state == "active" and agent.confirmed:
@@ -115,6 +177,7 @@ class Agents(Part):
                 self.allocations.failures = 0  # one started: the count of failures in a row starts again
                 self.outbox.journal.meta(self.allocations.META, self.allocations.failures_record())
         agent = self.nodes.register(node)
+        self.watch(agent)
         self.outbox.journal.node_registered(node)
         log.info("agent registered", node=node.name, cores=len(node.processors), gpus=len(node.gpus))
         return agent
@@ -186,13 +249,26 @@ class Agents(Part):
                     job, slot, ProcessResult(agent.name, plan.order.role, message=message, reason="lost")
                 )
 
+    def watch(self, agent: AgentRecord) -> None:
+        """Look at ``agent`` for silence ``agent_timeout`` after it was last heard."""
+        heapq.heappush(self._due, (agent.last_seen + self.config.pilot.agent_timeout, next(self._tie), agent))
+
     def check_heartbeats(self) -> None:
         """Agents silent for ``agent_timeout`` of the daemon's own running time are lost: silence that
-        falls inside the daemon's pauses (:meth:`Clock.awake`) is not theirs."""
+        falls inside the daemon's pauses (:meth:`Clock.awake`) is not theirs. Only the agents due are
+        looked at: one heap entry per active agent, pushed again when it was heard since."""
         timeout = self.config.pilot.agent_timeout
         clock = self.clock
-        for agent in list(self.nodes.agents.values()):
-            if agent.state == "active" and clock.mono - agent.last_seen > timeout:
-                silent = clock.awake(agent.last_seen)
-                if silent > timeout:
-                    self.gone(agent, f"node {agent.name} lost: its agent sent no heartbeat for {silent:.1f} s")
+        due, agents = self._due, self.nodes.agents
+        while due and due[0][0] <= clock.mono:
+            _, _, agent = heapq.heappop(due)
+            if agent.state != "active" or agents.get(agent.name) is not agent:
+                continue  # gone, or registered again as a new record (with an entry of its own)
+            if clock.mono - agent.last_seen <= timeout:
+                heapq.heappush(due, (agent.last_seen + timeout, next(self._tie), agent))
+                continue
+            silent = clock.awake(agent.last_seen)
+            if silent > timeout:
+                self.gone(agent, f"node {agent.name} lost: its agent sent no heartbeat for {silent:.1f} s")
+            else:  # part of the silence was the daemon's own pause: look again once the rest may be over
+                heapq.heappush(due, (clock.mono + timeout - silent, next(self._tie), agent))

@@ -71,11 +71,15 @@ class NodeBook:
         self.resources = Resources(self.slots, {}, ConsumableLedger.of(cluster.global_capacity))
         self._fits: dict[Any, list[str]] = {}  # request category -> why it can never fit, per node set
         self._idle: Matcher | None = None  # matching on the nodes as they measure idle, per node set
+        #: The usable nodes in registration order, per node set: each scheduling pass starts from them
+        #: (rebuilt per pass, ten thousand nodes cost more than the pass itself).
+        self._usable: list[NodeSlots] | None = None
 
     def invalidate(self) -> None:
         """The node sets changed: what can ever fit is judged again."""
         self._fits.clear()
         self._idle = None
+        self._usable = None
 
     def register(self, node: NodeConfigured) -> AgentRecord:
         self.invalidate()
@@ -110,6 +114,36 @@ class NodeBook:
                     self.cluster.touch()
         if utilized is not None:
             agent.utilized = utilized
+
+    def measures_of_many(
+        self,
+        agents: list[AgentRecord],
+        *,
+        values: Mapping[str, int | float | str] | None,
+        utilized: dict[str, float] | None,
+    ) -> None:
+        """One combined heartbeat's values for the nodes it speaks for (one machine's): parsed once per
+        number of processors, not once per node -- ten thousand nodes beat every second."""
+        if values is not None:
+            nodes, registry = self.cluster.nodes, self.cluster.registry
+            parsed: dict[Any, dict[str, Any]] = {}
+            changed = False
+            for agent in agents:
+                m = nodes.get(agent.name)
+                if m is None:
+                    continue
+                key = m.values.facts.get("num_proc")
+                load = parsed.get(key)
+                if load is None:
+                    load = parsed[key] = m.parsed_load(registry, values)
+                before = m.values.version
+                m.values.report_parsed_load(load)
+                changed = changed or m.values.version != before
+            if changed:
+                self.cluster.touch()
+        if utilized is not None:
+            for agent in agents:
+                agent.utilized = utilized
 
     def busy(self, held: PilotAllocation) -> bool:
         for name in held.nodes:
@@ -183,7 +217,10 @@ class NodeBook:
         held = self.allocations.held
         usable = [h for h in held.values() if h.usable]
         if len(usable) == 1 and len(held) == 1:
-            return [AllocationSlots(usable[0], [n for n in self.slots.values() if n.usable], self.resources)]
+            nodes = self._usable
+            if nodes is None:
+                nodes = self._usable = [n for n in self.slots.values() if n.usable]
+            return [AllocationSlots(usable[0], nodes, self.resources)]
         out = []
         for h in usable:
             slots = {n: s for n, s in self.slots.items() if n in h.nodes and s.usable}  # registration order

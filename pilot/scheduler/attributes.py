@@ -576,6 +576,13 @@ class AttributeValues:
             self.load = out
             self._changed()
 
+    def report_parsed_load(self, load: dict[str, Value]) -> None:
+        """Load values parsed already (:func:`parse_load`): one heartbeat's values for many nodes of
+        one machine are parsed once, not once per node. ``load`` may be shared: it is never changed."""
+        if load != self.load:
+            self.load = load
+            self._changed()
+
     def report_facts(self, registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> None:
         """The node's static facts from its registration; they hold until it registers again."""
         out = _known(registry, values)
@@ -605,6 +612,11 @@ class AttributeValues:
                     eff[name] = v
             self._effective = eff
         return self._effective
+
+
+def parse_load(registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> dict[str, Value]:
+    """Load values as :meth:`AttributeValues.report_load` keeps them."""
+    return _known(registry, values)
 
 
 def _known(registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> dict[str, Value]:

@@ -17,6 +17,7 @@ from pilot.scheduler.attributes import (
     AttributeValues,
     Relop,
     Value,
+    parse_load,
 )
 
 #: Load values that are a free share of a total: on an idle node the whole total is free.
@@ -76,11 +77,16 @@ class MatchNode:
     def report_load(self, registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> None:
         """A heartbeat's load values, plus ``free_proc``: the processors the last minute's load leaves
         free (JRDL minFreeCPU), ``num_proc x (1 - np_load_short)``."""
+        self.values.report_parsed_load(self.parsed_load(registry, values))
+
+    def parsed_load(self, registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> dict[str, Value]:
+        """What :meth:`report_load` keeps of ``values``: the same for every node of one machine with as
+        many processors (``num_proc``)."""
         load = values.get("np_load_short")
         n = self.values.facts.get("num_proc")
         if isinstance(load, int | float) and isinstance(n, int | float) and not isinstance(load, bool):
             values = {**values, "free_proc": max(0.0, float(n) * (1.0 - float(load)))}
-        self.values.report_load(registry, values)
+        return parse_load(registry, values)
 
 
 @dataclass(slots=True)

@@ -144,9 +144,19 @@ def _measures(body: dict[str, Any]) -> tuple[dict[str, int | float | str] | None
 # -- agent -> daemon ------------------------------------------------------------------------------------
 
 
+#: Most nodes one REGISTER or HEARTBEAT speaks for (the sender's own node and the others its process hosts).
+MOST_HOSTED = 10_000
+#: Most characters of a node's name where a message names other nodes than its sender's.
+_NODE_NAME_CHARS = 255
+
+
 @dataclass(frozen=True, slots=True)
 class Register:
-    """An agent (re)registers its node, with what it runs and the events not acknowledged yet."""
+    """An agent (re)registers its node, with what it runs and the events not acknowledged yet.
+
+    ``more``: REGISTERs of other nodes the sender's process hosts (simulated nodes), sent in one frame
+    so ten thousand nodes register in a few messages; each is answered on its own node's socket, as if
+    it had come alone. They carry no ``more`` themselves."""
 
     KIND: ClassVar[str] = Kind.REGISTER
     node: NodeConfigured
@@ -155,9 +165,10 @@ class Register:
     seq: int = 0
     values: Mapping[str, int | float | str] | None = None
     utilized: dict[str, float] | None = None
+    more: tuple[Register, ...] = ()
 
     def body(self) -> dict[str, Any]:
-        return {
+        out = {
             "node": self.node.to_wire(),
             "running": [list(ref) for ref in self.running],
             "events": [e.to_wire() for e in self.events],
@@ -165,9 +176,32 @@ class Register:
             "values": self.values or {},
             "utilized": self.utilized or {},
         }
+        if self.more:
+            out["more"] = [r.body() for r in self.more]
+        return out
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Self:
+        one = cls._one(body)
+        raw = opt_field(body, "more", list)
+        if raw is None:
+            return one
+        if len(raw) >= MOST_HOSTED:
+            raise ProtocolError(f"field 'more' names {len(raw)} nodes; at most {MOST_HOSTED - 1} go with one REGISTER")
+        more = []
+        for entry in raw:
+            if not isinstance(entry, dict):
+                raise ProtocolError("field 'more' must be a list of REGISTER bodies")
+            if "more" in entry:
+                raise ProtocolError("a REGISTER in field 'more' must not carry 'more' itself")
+            more.append(cls._one(entry))
+        names = {one.node.name, *(r.node.name for r in more)}
+        if len(names) != len(more) + 1:
+            raise ProtocolError("a REGISTER names a node twice (its own node and field 'more')")
+        return cls(one.node, one.running, one.events, one.seq, one.values, one.utilized, tuple(more))
+
+    @classmethod
+    def _one(cls, body: dict[str, Any]) -> Self:
         values, utilized = _measures(body)
         return cls(
             NodeConfigured.from_wire(field(body, "node", dict)),
@@ -179,22 +213,41 @@ class Register:
         )
 
 
+def _node_names(body: dict[str, Any], name: str) -> tuple[str, ...]:
+    raw = opt_field(body, name, list, [])
+    if len(raw) >= MOST_HOSTED:
+        raise ProtocolError(f"field {name!r} names {len(raw)} nodes; at most {MOST_HOSTED - 1} go with one message")
+    for n in raw:
+        if not (isinstance(n, str) and 0 < len(n) <= _NODE_NAME_CHARS):
+            raise ProtocolError(f"field {name!r} must be a list of node names of 1 to {_NODE_NAME_CHARS} characters")
+    return tuple(raw)
+
+
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
+    """The sender's node is alive, with its load. ``nodes``: other nodes its process hosts (simulated
+    nodes) whose heartbeat this is too -- one message per process, not per node; the load and values
+    are the same machine's, so they hold for each."""
+
     KIND: ClassVar[str] = Kind.HEARTBEAT
     load: tuple[float, ...] = ()
     values: Mapping[str, int | float | str] | None = None
     utilized: dict[str, float] | None = None
+    nodes: tuple[str, ...] = ()
 
     def body(self) -> dict[str, Any]:
-        return {"load": list(self.load), "values": self.values or {}, "utilized": self.utilized or {}}
+        out = {"load": list(self.load), "values": self.values or {}, "utilized": self.utilized or {}}
+        if self.nodes:
+            out["nodes"] = list(self.nodes)
+        return out
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Self:
         load = body.get("load")
         ok = isinstance(load, list) and all(isinstance(x, int | float) and not isinstance(x, bool) for x in load)
         values, utilized = _measures(body)
-        return cls(tuple(float(x) for x in load[:3]) if ok else (), values, utilized)  # type: ignore[index]
+        loads = tuple(float(x) for x in load[:3]) if ok else ()  # type: ignore[index]
+        return cls(loads, values, utilized, _node_names(body, "nodes"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,18 +299,38 @@ class Registered:
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatReply:
-    """``known``: the daemon knows this agent (else it must register again); ``acked``: events handled."""
+    """``known``: the daemon knows this agent (else it must register again); ``acked``: events handled.
+    To a heartbeat that spoke for other nodes too: ``acks``, node -> events handled, for each of them
+    the daemon knows; ``unknown``, those it does not (they must register again)."""
 
     KIND: ClassVar[str] = Kind.HEARTBEAT
     known: bool
     acked: int = 0
+    acks: Mapping[str, int] | None = None
+    unknown: tuple[str, ...] = ()
 
     def body(self) -> dict[str, Any]:
-        return {"known": True, "acked": self.acked} if self.known else {"known": False}
+        out: dict[str, Any] = {"known": True, "acked": self.acked} if self.known else {"known": False}
+        if self.acks:
+            out["acks"] = dict(self.acks)
+        if self.unknown:
+            out["unknown"] = list(self.unknown)
+        return out
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Self:
-        return cls(opt_field(body, "known", bool, True), opt_field(body, "acked", int, 0))
+        acks: dict[str, int] | None = opt_field(body, "acks", dict)
+        if acks is not None:
+            if len(acks) >= MOST_HOSTED or not all(
+                isinstance(k, str) and type(v) is int and v >= 0 for k, v in acks.items()
+            ):
+                raise ProtocolError(f"field 'acks' must map at most {MOST_HOSTED - 1} node names to event counts")
+        return cls(
+            opt_field(body, "known", bool, True),
+            opt_field(body, "acked", int, 0),
+            acks or None,
+            _node_names(body, "unknown"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
