@@ -105,7 +105,9 @@ def run_cmd(args: argparse.Namespace) -> None:
 
     t_start = time.monotonic()
     interrupted = False
-    with psij.JobExecutor.get_instance("pilot", url=url) as ex:
+    # Not pipelined: a bulk submit takes its ids from the pilot, and a pipelined executor would lease a block
+    # of ids at once that nothing uses (each command's job ids would start 256 further on).
+    with psij.JobExecutor.get_instance("pilot", url=url, pipelined=False) as ex:
         ex.set_job_status_callback(on_status)
         # Connect (starting the embedded pilot if none runs) and let its agents register, so start-up is
         # timed apart from the run and the progress bar starts when tasks can.
