@@ -32,6 +32,7 @@ class EmbeddedPilot:
         self.config = config
         self.process: subprocess.Popen[bytes] | None = None
         self.client_url = ""
+        self.keep = False  # keep the run directory after a clean stop (its jobs' history and output)
 
     def start(self, *, timeout: float = 60.0) -> str:
         cmd = [
@@ -80,8 +81,8 @@ class EmbeddedPilot:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if proc.returncode == 0:
-            # A clean stop leaves nothing worth keeping; a failed one keeps its logs for the user.
+        if proc.returncode == 0 and not self.keep:
+            # A clean stop leaves nothing worth keeping unless asked; a failed one keeps its logs for the user.
             shutil.rmtree(self.rundir.path, ignore_errors=True)
 
 
@@ -122,6 +123,17 @@ def resolve(url: str | None) -> tuple[str, bool, RunDir | None]:
                 atexit.register(_stop_at_exit)
         _users += 1
         return _embedded.client_url, True, _embedded.rundir
+
+
+def keep_rundir() -> RunDir | None:
+    """Keep this process's embedded pilot's run directory when it stops, so that 'pilot logs', 'show'
+    and 'history' find its jobs afterwards (``pilot run`` asks when some of its jobs failed); its run
+    directory, or None when no embedded pilot runs."""
+    with _lock:
+        if _embedded is None or _embedded.process is None:
+            return None
+        _embedded.keep = True
+        return _embedded.rundir
 
 
 def release() -> None:

@@ -149,3 +149,28 @@ def test_logs_prints_the_files_a_job_named_and_refuses_an_unknown_id(pilot: Any,
 
     refused = cli("submit", "--rundir", rd, "--no-output", str(tmp_path / "job.xml"))  # refused before connecting
     assert refused.returncode == 2 and "--no-output is for jobs from a command" in refused.stderr, refused.stderr
+
+
+def test_an_embedded_pilot_run_with_failures_keeps_its_run_directory_and_names_it(
+    pilot_home: Path, tmp_path: Path
+) -> None:
+    """With no pilot up, ``pilot run`` starts an embedded one whose run directory goes when it stops: when
+    some job failed it is kept, and the failure lines name it, so the commands they suggest work."""
+    config = tmp_path / "one.toml"
+    config.write_text(CONFIG)
+    proc = cli("run", "--config", str(config), "-n", "2", "--", "/bin/sh", "-c", "echo kept-out; exit 5")
+    assert proc.returncode == 1, proc.stderr
+    assert "starting an embedded one" in proc.stderr and "Traceback" not in proc.stderr
+    (name,) = {m for m in re.findall(r"'pilot logs \d+ --name (embedded-\d+)' for its output", proc.stdout)}
+    assert f"is kept for its jobs' output and history: {pilot_home / name}" in proc.stderr
+    job_id = re.findall(r"^  failed: job (\d+): exit 5: ", proc.stdout, re.M)[0]
+    logs = cli("logs", "--name", name, job_id)
+    assert logs.returncode == 0 and logs.stdout == "kept-out\n", logs
+    assert logs.stderr.splitlines()[-1].startswith(f"pilot logs: job {job_id} FAILED, exit 5")
+    shown = cli("show", "--name", name, job_id)
+    assert shown.returncode == 0 and shown.stdout.startswith(f"job {job_id} (/bin/sh): FAILED, exit 5"), shown
+
+    clean = cli("run", "--config", str(config), "-n", "2", "--", "/bin/true")
+    assert clean.returncode == 0, clean.stderr
+    assert "kept" not in clean.stderr
+    assert sorted(p.name for p in pilot_home.iterdir()) == [name]  # a run that went well leaves nothing

@@ -120,7 +120,7 @@ def _follow(rundir: RunDir, job_id: str, reader: Any) -> dict[str, Any] | None:
     """Print what the job streams until the daemon says it is final; how it ended, as a show row."""
     import client as psij
 
-    ex = psij.JobExecutor.get_instance("pilot", url=str(rundir.path))
+    ex = psij.JobExecutor.get_instance("pilot", url=str(rundir.path), pipelined=False)
     try:
         job = psij.Job()
         ex.attach(job, job_id)

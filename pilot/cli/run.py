@@ -105,7 +105,9 @@ def run_cmd(args: argparse.Namespace) -> None:
 
     t_start = time.monotonic()
     interrupted = False
-    with psij.JobExecutor.get_instance("pilot", url=url) as ex:
+    # Not pipelined: a bulk submit takes its ids from the pilot, and a pipelined executor would lease a block
+    # of ids at once that nothing uses (each command's job ids would start 256 further on).
+    with psij.JobExecutor.get_instance("pilot", url=url, pipelined=False) as ex:
         ex.set_job_status_callback(on_status)
         # Connect (starting the embedded pilot if none runs) and let its agents register, so start-up is
         # timed apart from the run and the progress bar starts when tasks can.
@@ -143,7 +145,27 @@ def run_cmd(args: argparse.Namespace) -> None:
         t_end = time.monotonic()
         bar.close()
         pilot_status = ex.pilot_status()
-    _summary(args, run_id, cmd, n, finals, pilot_status, interrupted, t_start, t0, t_submitted, t_end)
+        kept = _keep_embedded(url, n, finals)
+    _summary(args, run_id, cmd, n, finals, pilot_status, interrupted, t_start, t0, t_submitted, t_end, kept)
+
+
+def _keep_embedded(url: str | None, n: int, finals: dict[str, tuple[Any, Any]]) -> str | None:
+    """An embedded pilot's run directory goes when it stops, and with it the jobs' output and history:
+    when some job did not complete, it is kept, and the name to give 'pilot logs/show/history' is returned."""
+    import client as psij
+    from client import _embedded
+
+    if url is not None or (len(finals) == n and all(s.state is psij.JobState.COMPLETED for _, s in finals.values())):
+        return None
+    rundir = _embedded.keep_rundir()
+    if rundir is None:
+        return None
+    print(
+        f"pilot run: the embedded pilot's run directory is kept for its jobs' output and history: {rundir.path} "
+        "(remove it when done)",
+        file=sys.stderr,
+    )
+    return rundir.path.name
 
 
 def _exit_now(run_id: str) -> Any:
@@ -192,6 +214,7 @@ def _summary(
     t0: float,
     t_submitted: float,
     t_end: float,
+    kept: str | None,
 ) -> None:
     import client as psij
 
@@ -249,13 +272,16 @@ def _summary(
         f"system CPU {d['system_cpu_seconds']:.2f} s, max RSS {d['max_rss_bytes'] / 2**20:.1f} MiB, "
         f"{d['processors']} processor-slots"
     )
+    # An embedded pilot is gone by the time the user reads this: its kept run directory is named.
+    name = f" --name {kept}" if kept else ""
     for j, s in failed[:5]:
         code_text = f"exit {s.exit_code}" if s.exit_code is not None else "no exit code"
         print(
             f"  failed: job {j.native_id}: {code_text}: {s.message}"
-            f" ('pilot logs {j.native_id}' for its output, 'pilot show {j.native_id}' for more)"
+            f" ('pilot logs {j.native_id}{name}' for its output, 'pilot show {j.native_id}{name}' for more)"
         )
     if len(failed) > 5:
-        print(f"  ... and {len(failed) - 5} more: 'pilot jobs --run {run_id} --state FAILED'")
+        listing = "history" if kept else "jobs"
+        print(f"  ... and {len(failed) - 5} more: 'pilot {listing}{name} --run {run_id} --state FAILED'")
     if code:
         sys.exit(code)

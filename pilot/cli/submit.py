@@ -130,7 +130,7 @@ def _submit_document(args: argparse.Namespace) -> None:
         fail(f"cannot read {path}: {exc.strerror or exc}", code=2)
     rundir = rundir_of(args)
     running_info(rundir)  # no pilot: say so, and how to start one
-    with psij.JobExecutor.get_instance("pilot", url=str(rundir.path)) as ex:
+    with psij.JobExecutor.get_instance("pilot", url=str(rundir.path), pipelined=False) as ex:
         try:
             jobs = ex.submit_document(document)
         except psij.InvalidJobException as exc:
@@ -197,7 +197,7 @@ def _submit_commands(args: argparse.Namespace) -> None:
     rundir = rundir_of(args)
     if rundir.read_info() is None:
         fail(f"no pilot is running in {rundir.path} ('pilot ls' lists yours; 'pilot up' starts one)")
-    with psij.JobExecutor.get_instance("pilot", url=str(rundir.path)) as ex:
+    with psij.JobExecutor.get_instance("pilot", url=str(rundir.path), pipelined=False) as ex:
         jobs = [bulk.psij_job(s, run=run, keep_output=not args.no_output) for s in specs]
         try:
             ex.submit_all(jobs)
@@ -303,7 +303,7 @@ def resubmit_cmd(args: argparse.Namespace) -> None:
     if args.wait and ids:
         import client as psij
 
-        with psij.JobExecutor.get_instance("pilot", url=str(rundir.path)) as ex:
+        with psij.JobExecutor.get_instance("pilot", url=str(rundir.path), pipelined=False) as ex:
             jobs = []
             for native_id in ids:
                 job = psij.Job()
@@ -331,6 +331,6 @@ def _submit_descriptions(rundir: Any, descriptions: list[dict[str, Any]]) -> lis
             made.pop(k, None)
             warn("resubmit", f"not submitted again: {outcome}")
 
-    with psij.JobExecutor.get_instance("pilot", url=str(rundir.path)) as ex:
+    with psij.JobExecutor.get_instance("pilot", url=str(rundir.path), pipelined=False) as ex:
         ex._backend.submit_many(descriptions, on_id, on_outcome)
     return [made[k] for k in sorted(made)]
