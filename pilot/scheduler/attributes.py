@@ -571,10 +571,7 @@ class AttributeValues:
 
     def report_load(self, registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> None:
         """Load values from a heartbeat. Unknown names are skipped (an agent may measure more)."""
-        out = _known(registry, values)
-        if out != self.load:
-            self.load = out
-            self._changed()
+        self.report_parsed_load(parse_load(registry, values))
 
     def report_parsed_load(self, load: dict[str, Value]) -> None:
         """Load values parsed already (:func:`parse_load`): one heartbeat's values for many nodes of
@@ -585,7 +582,7 @@ class AttributeValues:
 
     def report_facts(self, registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> None:
         """The node's static facts from its registration; they hold until it registers again."""
-        out = _known(registry, values)
+        out = parse_load(registry, values)
         if out != self.facts:
             self.facts = out
             self._changed()
@@ -615,12 +612,8 @@ class AttributeValues:
 
 
 def parse_load(registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> dict[str, Value]:
-    """Load values as :meth:`AttributeValues.report_load` keeps them."""
-    return _known(registry, values)
-
-
-def _known(registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> dict[str, Value]:
-    """The values of known non-consumable attributes, each parsed by its type; the rest left out."""
+    """The values of known non-consumable attributes, each parsed by its type, the rest left out: load
+    values as :meth:`AttributeValues.report_load` keeps them."""
     out: dict[str, Value] = {}
     for name, raw in values.items():
         d = registry.get(name)
