@@ -147,11 +147,20 @@ class Pipeline:
     def give_back(self, conn: Connection, timeout: float) -> None:
         """The executor closes: the pilot may give its unused job ids to the next jobs (ids stay dense)."""
         ranges = self._ids.unused()
-        if ranges:
-            try:
-                conn.request(wire.Kind.LEASE, {"count": 0, "give_back": ranges}, timeout=timeout)
-            except SubmitException:
-                pass  # they stay leased to nobody: a gap in the ids, nothing more
+        if not ranges:
+            return
+        answered = threading.Event()
+        try:
+            conn.ask(
+                wire.Kind.LEASE,
+                {"count": 0, "give_back": ranges},
+                on_reply=lambda _: answered.set(),
+                on_lost=lambda _, __: answered.set(),
+                timeout=timeout,
+            )
+        except SubmitException:
+            return  # they stay leased to nobody: a gap in the ids, nothing more
+        answered.wait(timeout)  # a stopped daemon is not waited for: closing must not hang on it
 
     def prefetch(self) -> None:
         """Lease the first job ids now (see :class:`LeasedIds`); raises SubmitException if it cannot ask."""
