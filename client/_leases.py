@@ -35,7 +35,8 @@ class LeasedIds:
         self._next = 0  # the next id of the current block; _last: its last (empty when _next > _last)
         self._last = -1
         self._ahead: tuple[int, int] | None = None  # the block asked for ahead, once granted
-        self._size = FIRST
+        self._block = 0  # the current block's length: the next is asked for once half of it is used
+        self._size = FIRST  # the length of the next block asked for
         self._asking = False
         self._failure: str | None = None  # why the last request for a block was given up
         self._sent_lost = False  # ... and whether it had been sent (the daemon died before it answered)
@@ -51,10 +52,12 @@ class LeasedIds:
             while True:
                 if self._next > self._last and self._ahead is not None:
                     (self._next, self._last), self._ahead = self._ahead, None
+                    self._block = self._last - self._next + 1
                 if self._next <= self._last:
                     job_id = self._next
                     self._next += 1
-                    if self._ahead is None and not self._asking and (self._last - self._next) * 2 < self._size:
+                    left = self._last - self._next + 1
+                    if self._ahead is None and not self._asking and left * 2 < self._block:
                         self._ask()
                     return str(job_id)
                 if self._failure is not None:

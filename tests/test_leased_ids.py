@@ -198,3 +198,27 @@ def test_ids_an_executor_never_used_are_given_back_at_close(start_pilot: Callabl
         assert "count" in str(raw.ask(Kind.LEASE, {"count": 0})["error"])
     finally:
         raw.peer.close()
+
+
+def test_the_next_block_is_asked_for_once_half_of_the_current_one_is_used(
+    start_pilot: Callable[..., Pilot],
+) -> None:
+    """An executor asks for one block up front and the next only once half of it is handed out: a single
+    submit leaves exactly one request in flight (its own), never a lease besides it."""
+    p = start_pilot(CONFIG)
+    ex = psij.JobExecutor.get_instance("pilot", url=str(p.rundir.path), pipelined=True)
+    try:
+        ids = ex._backend.pipeline._ids  # type: ignore[attr-defined]
+        job = psij.Job(psij.JobSpec(executable="/bin/true"))
+        ex.submit(job)
+        assert ends(job, psij.JobState.COMPLETED)
+        first = int(str(job.native_id))
+        taken = 1
+        while not (ids._asking or ids._ahead is not None) and taken < 1000:
+            ex.submit(psij.Job(psij.JobSpec(executable="/bin/true")))
+            taken += 1
+        block = ids._last - first + 1
+        assert block >= 256, block
+        assert taken == block // 2 + 1, (taken, block)  # asked once fewer than half of the block was left
+    finally:
+        ex.close()
