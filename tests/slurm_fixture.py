@@ -1,4 +1,5 @@
-"""The real single-machine Slurm cluster (../shared/slurm) as a session fixture, shared by the Slurm tests.
+"""The real single-machine Slurm cluster (../shared/slurm): started once per test process (``slurm_kit``),
+handed to one test at a time (``slurm_cluster``), shared by the Slurm tests.
 
 Skips only when the start script is absent (a machine without the shared Slurm kit). Anywhere else a
 Slurm that cannot start is a failure with the script's output, never a silent skip.
@@ -8,16 +9,30 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from machine_wide import machine_wide
 
 START = Path(__file__).resolve().parents[2] / "shared" / "slurm" / "start-slurm.sh"
 
 
+@pytest.fixture
+def slurm_cluster(slurm_kit: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The Slurm test cluster, this test's alone while it runs (see machine_wide)."""
+    with machine_wide("slurm"):
+        yield slurm_kit
+
+
 @pytest.fixture(scope="session")
-def slurm_cluster() -> dict[str, str]:
+def slurm_kit() -> dict[str, str]:
     """Start (or find running) the Slurm test cluster; returns its SLURM_CI_* summary values."""
+    with machine_wide("slurm"):
+        return _start()
+
+
+def _start() -> dict[str, str]:
     if not START.is_file():
         pytest.skip(f"{START} is absent: no Slurm test cluster kit on this machine")
     try:

@@ -10,13 +10,14 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from lrm_standin import standin_request, until
+from machine_wide import machine_wide
 
 from pilot.lrm import create
 from pilot.lrm.base import Allocation, AllocationRequest, AllocationState
@@ -26,9 +27,21 @@ HERE = Path(__file__).resolve().parent
 SETUP = HERE.parent / ".ci" / "sge.sh"
 
 
+@pytest.fixture
+def sge_cluster(sge_cell: str) -> Iterator[str]:
+    """The Grid Engine cell, this test's alone while it runs (see machine_wide)."""
+    with machine_wide("sge"):
+        yield sge_cell
+
+
 @pytest.fixture(scope="session")
-def sge_cluster() -> str:
+def sge_cell() -> str:
     """Install (if needed) and start the single-host Grid Engine; its host name."""
+    with machine_wide("sge"):
+        return _start()
+
+
+def _start() -> str:
     if os.geteuid() != 0:
         pytest.skip(".ci/sge.sh installs and starts Grid Engine as root; not root here")
     try:
