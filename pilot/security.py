@@ -506,12 +506,23 @@ class RedactSecrets:
         #: environment's, 0 neither.
         self._names: dict[str, int] = {}
 
+    def _kind(self, name: str) -> int:
+        kind = self._names.get(name)
+        if kind is None:
+            kind = self._names[name] = 1 if secret_name(name) else 2 if _ENV_FIELD.search(name) else 0
+        return kind
+
+    def plain_name(self, name: str) -> bool:
+        """A field of this name is masked only where its text holds ``NAME=value`` (it is not named as a
+        secret's or an environment's)."""
+        return self._kind(name) == 0
+
     def __call__(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         names = self._names
         for k, v in list(event_dict.items()):
             kind = names.get(k)
             if kind is None:
-                kind = names[k] = 1 if secret_name(k) else 2 if _ENV_FIELD.search(k) else 0
+                kind = self._kind(k)
             if kind == 1:
                 event_dict[k] = MASK
             elif type(v) in _PLAIN:
