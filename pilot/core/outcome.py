@@ -12,8 +12,10 @@ from pilot.model.process_order import STAGING_ROLES
 
 
 def outcome(job: JobRecord, *, walltime_margin: float) -> tuple[JobState, int | None, str | None]:
-    d = job.description
     run = job.run
+    if job.cancel_reason is None and all(r.ok for r in run.results.values()):
+        return JobState.COMPLETED, 0, None  # nearly every job: nothing to sort or name
+    d = job.description
     results = sorted(run.results.items(), key=lambda kv: (kv[0] < 0, kv[0]))
     bad = [(slot, r) for slot, r in results if not r.ok]
     # Canceled: something was stopped, or nothing but its staging ran (canceled while staging in).
