@@ -21,7 +21,7 @@ import anyio
 import structlog
 
 import pilot
-from pilot import history, lrm, site, views, wire
+from pilot import history, logs, lrm, site, views, wire
 from pilot.acquisition import Acquisition
 from pilot.allocations import AllocationBook, PilotAllocation, Site
 from pilot.config import Config
@@ -66,6 +66,7 @@ from pilot.wire.messages import (
 from pilot.wire.transport import Progress, Waiter, drain
 
 log = structlog.get_logger("pilot.daemon")
+_jobs_log = structlog.get_logger("pilot.jobs")
 
 _DRAIN = 2048  # frames handled per burst before a flush
 _CHECKPOINT_LOOK = 8  # commits between two looks at the journal's WAL size (in a worker thread)
@@ -538,9 +539,6 @@ class Daemon:
         else:
             core.step()
         written = self._commit()
-        if core.admission.draining and not self._stop.is_set() and not core.book.unfinished():
-            log.info("drained: every accepted job has ended")
-            self._stop.set()
         out = core.outbox.take()
         if self.guard is not None:
             out = self.guard.outgoing(out, written=written)
@@ -557,6 +555,10 @@ class Daemon:
             send(agents, [node.encode(), Launch.frame(orders)])
         self.delivery.flush(out.replies, out.statuses)
         self._start_effects(out.effects)
+        logs.info_lines(_jobs_log, "job ended", core.book.take_ended())  # after the sends: off their path
+        if core.admission.draining and not self._stop.is_set() and not core.book.unfinished():
+            log.info("drained: every accepted job has ended")
+            self._stop.set()
         if written:
             core.book.retire()  # ended jobs leave memory once the journal holds them
         self._progress.notify()

@@ -12,8 +12,6 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-import structlog
-
 from pilot.core.clock import Clock
 from pilot.core.leases import META as LEASES_META
 from pilot.core.leases import MOST, Leases
@@ -24,8 +22,6 @@ from pilot.model.job_description import RUN_TAG
 from pilot.model.job_state import JobState
 from pilot.scheduler.dag import JobGraph, Outcome, Verdict
 from pilot.scheduler.queue import JobQueue
-
-log = structlog.get_logger("pilot.jobs")
 
 
 class History(Protocol):
@@ -76,6 +72,9 @@ class JobBook:
         #: Jobs that ended since the last flush: they leave memory once it sent their final status
         #: (the journal keeps them), so memory follows the unfinished work only.
         self._retired: list[JobRecord] = []
+        #: One log line's fields per job that ended since the shell last took them (:meth:`take_ended`):
+        #: the shell writes them all at once, outside the core.
+        self._ended: list[dict[str, Any]] = []
         self._alone: dict[bytes, tuple[bytes]] = {}  # see _followers
 
     # -- the state machine --------------------------------------------------------------------------
@@ -117,7 +116,7 @@ class JobBook:
             job.message = message
             job.metadata = metadata or {}
             self._retired.append(job)
-            _ended(job)
+            self._ended.append(_ended(job))
         self._dirty.add(job)
         status = job.status()
         statuses = self.outbox.statuses
@@ -334,6 +333,11 @@ class JobBook:
     def committed(self) -> None:
         self.fresh_by_submit_id.clear()  # the journal has them now
 
+    def take_ended(self) -> list[dict[str, Any]]:
+        """The 'job ended' log lines' fields gathered since the last take, oldest first."""
+        ended, self._ended = self._ended, []
+        return ended
+
     def retire(self) -> None:
         """After a flush: ended jobs whose final status it sent leave memory."""
         for job in self._retired:
@@ -342,11 +346,10 @@ class JobBook:
         self._retired.clear()
 
 
-def _ended(job: JobRecord) -> None:
-    """One info line per job end in the daemon's log: what 'grep' and log tools find after the fact."""
+def _ended(job: JobRecord) -> dict[str, Any]:
+    """The fields of a job end's info line in the daemon's log: what 'grep' and log tools find after the fact."""
     m = job.metadata or {}
-    log.info(
-        "job ended",
+    return dict(
         job=job.id,
         name=job.description.name,
         state=job.state.value,

@@ -12,8 +12,10 @@ from pilot.model.process_order import STAGING_ROLES
 
 
 def outcome(job: JobRecord, *, walltime_margin: float) -> tuple[JobState, int | None, str | None]:
-    d = job.description
     run = job.run
+    if job.cancel_reason is None and all(r.ok for r in run.results.values()):
+        return JobState.COMPLETED, 0, None  # nearly every job: nothing to sort or name
+    d = job.description
     results = sorted(run.results.items(), key=lambda kv: (kv[0] < 0, kv[0]))
     bad = [(slot, r) for slot, r in results if not r.ok]
     # Canceled: something was stopped, or nothing but its staging ran (canceled while staging in).
@@ -59,29 +61,47 @@ def outcome(job: JobRecord, *, walltime_margin: float) -> tuple[JobState, int | 
 def delivered(job: JobRecord, exit_code: int | None) -> dict[str, Any]:
     """The job's Delivered resources (PSI/J status metadata), summed over its processes."""
     run = job.run
-    ranks = [r for r in run.results.values() if r.data]
-    user = sum(float(r.data.get("user_cpu_time") or 0) for r in ranks)
-    system = sum(float(r.data.get("system_cpu_time") or 0) for r in ranks)
+    # One pass over the results and one over the ranks (this runs once per job end).
+    user: float = 0
+    system: float = 0
+    max_rss: int | None = None
+    processes = 0
+    signal: int | None = None  # the first one seen
+    staged = False
+    for slot, r in run.results.items():
+        data = r.data
+        if data:
+            user += float(data.get("user_cpu_time") or 0)
+            system += float(data.get("system_cpu_time") or 0)
+            rss = int(data.get("max_rss") or 0)
+            max_rss = rss if max_rss is None or rss > max_rss else max_rss
+        if slot >= 0:
+            processes += 1
+        if r.signal and signal is None:
+            signal = r.signal
+        staged = staged or r.role == "stage_in"
     wall = max(0.0, (run.ended or 0) - run.started) if run.started is not None else 0.0
-    processors = sum(len(r.cores) for r in run.ranks)
-    signals = [r.signal for r in run.results.values() if r.signal]
+    processors = gpus = 0
+    nodes = set()
+    for rank in run.ranks:
+        processors += len(rank.cores)
+        gpus += len(rank.gpus)
+        nodes.add(rank.node)
     # The signal of the process that decided the outcome (a rank killed because another failed is
     # not it); when no process decided it (canceled, node lost), the first one seen.
     if exit_code is not None:
-        signal: int | None = -exit_code if exit_code < 0 else None
-    else:
-        signal = signals[0] if signals else None
+        signal = -exit_code if exit_code < 0 else None
     return {
         "wall_duration": wall,
         "user_cpu_time": user,
         "system_cpu_time": system,
-        "max_rss": max((int(r.data.get("max_rss") or 0) for r in ranks), default=0),
+        "max_rss": 0 if max_rss is None else max_rss,
         "processors": processors,
-        "gpus": sum(len(r.gpus) for r in run.ranks),
+        "gpus": gpus,
         "consumption_rate": (user + system) / (wall * processors) if wall > 0 and processors else 0.0,
-        "nodes": sorted({r.node for r in run.ranks}),
-        "processes": sum(1 for slot in run.results if slot >= 0),
-        **_staging(run.results.values()),
+        "nodes": sorted(nodes),
+        "processes": processes,
+        **(_staging(run.results.values()) if staged else {}),
         "exit_code": exit_code,
         "signal": signal,
         **({"started": run.started} if run.started is not None else {}),

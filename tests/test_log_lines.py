@@ -1,0 +1,82 @@
+"""Lines written many at once (:func:`pilot.logs.info_lines`, a job's end) read as structlog's own."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pilot.security import MASK
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, structlog
+    from pilot.logs import configure, info_lines
+    configure(level=sys.argv[1], json=sys.argv[2] == "json", stream=sys.stdout)
+    log = structlog.get_logger("t")
+    def row(i):
+        return dict(job=str(i), name="/bin/app API_TOKEN=t0k3n \\u00fc", state="COMPLETED", exit_code=0,
+                    nodes=["local-0", "pw=x PASSWORD=hunter2"], processors=1, wall=0.25, run=None,
+                    message=None, ok=False)
+    log.info("job ended", **row(1))
+    info_lines(log, "job ended", [row(2), row(3)])
+    info_lines(log, "job ended", [])
+    log.warning("after")
+    odd = dict(job="4", wall=float("inf"), env={"A": "1"}, deep={"x": ["API_KEY=k3y"]},
+               environment=["HOME=/home/u"], db_password="s3cr3t")
+    log.info("odd", **odd)
+    info_lines(log, "odd", [dict(odd, job="5"), {}])
+    """
+)
+
+
+def run(level: str, form: str) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, level, form], capture_output=True, text=True, timeout=30, cwd=ROOT, check=True
+    )
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.parametrize("level", ["info", "debug"])
+def test_lines_written_at_once_read_as_one_log_call_each(level: str) -> None:
+    lines = run(level, "json")
+    assert len(lines) == 7, lines
+    parsed: list[dict[str, Any]] = [json.loads(t) for t in lines]
+    assert [p["event"] for p in parsed] == ["job ended"] * 3 + ["after"] + ["odd"] * 3
+    stamp = re.compile(r'"timestamp": "[^"]*"')
+
+    def text(i: int) -> str:  # a line as structlog wrote line 0 (or 4), its job and timestamp aside
+        return stamp.sub("", lines[i]).replace(f'"job": "{parsed[i]["job"]}"', '"job": ""')
+
+    assert text(1) == text(2) == text(0), "byte for byte the line structlog renders"
+    assert text(5) == text(4), "a row with other than plain fields: through RedactSecrets and json"
+    assert parsed[6] == {"event": "odd", "level": "info", "timestamp": parsed[6]["timestamp"]}
+    assert "k3y" not in lines[5] and "s3cr3t" not in lines[5] and parsed[5]["db_password"] == MASK
+    if level == "info":
+        assert "/home/u" not in lines[5] and "hidden" in parsed[5]["environment"]
+    first = parsed[0]
+    for i, p in enumerate(parsed[1:3], start=2):
+        assert list(p) == list(first), "the same fields in the same order"
+        assert p["job"] == str(i) and p["level"] == "info" and p["timestamp"].endswith("Z")
+        assert {k: v for k, v in p.items() if k not in ("job", "timestamp")} == {
+            k: v for k, v in first.items() if k not in ("job", "timestamp")
+        }
+    assert "t0k3n" not in lines[1] and "hunter2" not in lines[1]
+    assert parsed[1]["nodes"] == ["local-0", f"pw=x PASSWORD={MASK}"] and parsed[1]["ok"] is False
+
+
+def test_above_info_no_line_and_console_lines_go_through_structlog() -> None:
+    assert [json.loads(t)["event"] for t in run("warning", "json")] == ["after"]
+    console = run("info", "console")
+    assert len(console) == 7 and all("job ended" in t for t in console[:3]), console
+    assert "t0k3n" not in "".join(console) and "hunter2" not in "".join(console)
