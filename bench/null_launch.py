@@ -43,7 +43,7 @@ def null_run(
     import psutil
 
     import client as psij
-    from pilot.rundir import RunDir
+    from bench.throughput import embedded_daemon
 
     cfg = home / f"null-{nodes}.toml"
     cfg.write_text(null_config(nodes=nodes, cores=cores, nodes_per_agent=nodes_per_agent, duration=duration))
@@ -59,10 +59,7 @@ def null_run(
                 raise TimeoutError(f"{len(st['nodes'])} of {nodes} simulated agents registered after {timeout} s")
             time.sleep(0.1)
         up = time.perf_counter() - t_start
-        info = RunDir(home / f"embedded-{os.getpid()}").read_info()
-        if info is None:
-            raise RuntimeError("no pilot.json in the embedded pilot's run directory")
-        daemon = psutil.Process(int(info["pid"]))
+        daemon = psutil.Process(embedded_daemon()[0])
         agents = daemon.children()
 
         def cpu() -> tuple[float, float, float]:

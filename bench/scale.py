@@ -36,7 +36,7 @@ def scale_run(
 
     import client as psij
     from bench.null_launch import null_config
-    from pilot.rundir import RunDir
+    from bench.throughput import embedded_daemon
 
     cfg = home / f"scale-{nodes}.toml"
     cfg.write_text(null_config(nodes=nodes, cores=cores, nodes_per_agent=nodes_per_agent, duration=0.0))
@@ -54,10 +54,7 @@ def scale_run(
                 raise TimeoutError(f"{active} of {nodes} simulated nodes registered after {timeout} s")
             time.sleep(1.0)  # a status of every node costs the daemon: not too often
         up = time.perf_counter() - t_start
-        info = RunDir(home / f"embedded-{os.getpid()}").read_info()
-        if info is None:
-            raise RuntimeError("no pilot.json in the embedded pilot's run directory")
-        daemon = psutil.Process(int(info["pid"]))
+        daemon = psutil.Process(embedded_daemon()[0])
         agents = daemon.children()
 
         def daemon_cpu() -> float:

@@ -29,7 +29,7 @@ from typing import Any
 
 import client as psij
 from bench import relay_floor
-from bench.throughput import APIS, executor_for, pilot_rate, raw_spawn_rate
+from bench.throughput import APIS, embedded_daemon, executor_for, pilot_rate, raw_spawn_rate
 
 med = statistics.median
 
@@ -88,13 +88,8 @@ def local_config(*, nodes: int = 1, cores_per_node: int | None = None, backlog: 
 
 
 def daemon_pid(home: Path) -> int:
-    """The embedded daemon's pid, from its run directory's pilot.json."""
-    from pilot.rundir import RunDir
-
-    info = RunDir(home / f"embedded-{os.getpid()}").read_info()
-    if info is None:
-        raise RuntimeError("no pilot.json in the embedded pilot's run directory")
-    return int(info["pid"])
+    """The embedded daemon's pid (``home``: the bench's PILOT_HOME, where it runs)."""
+    return embedded_daemon()[0]
 
 
 def start_blocker(ex: psij.JobExecutor, timeout: float = 60.0) -> psij.Job:
@@ -412,8 +407,8 @@ def w_submit(home: Path, s: Sizes) -> list[Row]:
                 j,
                 f"journal/s (batch {batch[api]})",
                 a / j,
-                ">= 20,000/s",
-                a >= 20_000,
+                "" if api == "roundtrip" else ">= 20,000/s",  # a round trip per job is there to compare
+                None if api == "roundtrip" else a >= 20_000,
                 f"{_call(api)} call(s) return at {med(calls[api]):,.0f} jobs/s",
                 {
                     "accepted_per_s": accepted[api],
@@ -489,7 +484,7 @@ def w_clients(home: Path, s: Sizes) -> Row:
     timeout = max(300.0, clients * per / 50)
     runs: list[tuple[int, int, dict[str, Any]]] = []
     with pilot(home, "clients", local_config()):
-        url, pid = str(home / f"embedded-{os.getpid()}"), daemon_pid(home)
+        pid, url = embedded_daemon()
         for first, count in ((0, 1), (1, 1), (2, clients), (2 + clients, 1)):
             runs.append((first, count, streams(url, count, per, first=first, timeout=timeout, daemon=pid)))
         faults = exactly_once(runs, listed(Path(url), sum(c for _, c, _ in runs) * per))

@@ -124,6 +124,18 @@ def pilot_rate(
     return rate, counts["failed"]
 
 
+def embedded_daemon() -> tuple[int, str]:
+    """The pid and run directory of this process's embedded pilot's daemon (each embedded pilot has a
+    run directory of its own: client/_embedded.py)."""
+    from client import _embedded
+
+    rundir = _embedded.running()
+    info = None if rundir is None else rundir.read_info()
+    if rundir is None or info is None:
+        raise RuntimeError("no embedded pilot runs in this process (or its pilot.json is gone)")
+    return int(info["pid"]), str(rundir.path)
+
+
 class CpuMeter:
     """CPU seconds (user + system) of this process, the embedded daemon, its agents, and the tasks
     the agents reaped (their children's times): where each task's cost goes, a figure much less
@@ -132,12 +144,7 @@ class CpuMeter:
     def __init__(self, home: Path) -> None:
         import psutil
 
-        from pilot.rundir import RunDir
-
-        info = RunDir(home / f"embedded-{os.getpid()}").read_info()
-        if info is None:
-            raise RuntimeError("no pilot.json in the embedded pilot's run directory")
-        self._daemon = psutil.Process(int(info["pid"]))
+        self._daemon = psutil.Process(embedded_daemon()[0])
         self._agents = [c for c in self._daemon.children() if "agent" in " ".join(c.cmdline())]
 
     def read(self) -> dict[str, float]:

@@ -125,6 +125,15 @@ def resolve(url: str | None) -> tuple[str, bool, RunDir | None]:
         return _embedded.client_url, True, _embedded.rundir
 
 
+def running() -> RunDir | None:
+    """The run directory of this process's embedded pilot while it runs (benchmarks find its daemon
+    there), else None."""
+    with _lock:
+        if _embedded is None or _embedded.process is None or _embedded.process.poll() is not None:
+            return None
+        return _embedded.rundir
+
+
 def keep_rundir() -> RunDir | None:
     """Keep this process's embedded pilot's run directory when it stops, so that 'pilot logs', 'show'
     and 'history' find its jobs afterwards (``pilot run`` asks when some of its jobs failed); its run
