@@ -30,7 +30,7 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -67,6 +67,21 @@ _STEP_NAMES: Final = {
 }
 
 _build_lock = threading.Lock()
+
+
+#: Environment variables encoded for a request once, for many (:func:`env_block`): (count, bytes).
+EnvBlock = tuple[int, bytes]
+
+
+def env_block(env: Mapping[str, str]) -> EnvBlock:
+    """``env`` as a request carries it (each ``NAME=value`` NUL-terminated); ValueError as posix_spawn."""
+    items = [f"{k}={v}" for k, v in env.items()]
+    text = "\0".join(items)
+    if text.count("\0") != max(len(items) - 1, 0):
+        raise ValueError("embedded null byte")
+    if "=" in "".join(env):
+        raise ValueError("illegal environment variable name")
+    return len(items), (os.fsencode(text) + b"\0" if items else b"")
 
 
 class HelperGone(Exception):
@@ -220,22 +235,25 @@ class ForkServer:
         self,
         path: str,
         argv: list[str],
-        env: dict[str, str],
+        env: Mapping[str, str],
         *,
         cwd: str,
         streams: tuple[int, int, int],
         cpus: Iterable[int] | None,
         limits: list[tuple[int, tuple[int, int]]],
+        base: EnvBlock | None = None,
     ) -> int:
-        """Start a task; its pid. :class:`SpawnError` when it could not (a child that started and failed
-        before exec is reaped here); :class:`HelperGone` when the helper is."""
+        """Start a task; its pid. ``base``: variables encoded once (:func:`env_block`) that the task
+        gets too (``env`` sets none of them). :class:`SpawnError` when it could not (a child that
+        started and failed before exec is reaped here); :class:`HelperGone` when the helper is."""
         mask = b""
         if cpus is not None:
             bits = 0
             for c in cpus:
                 bits |= 1 << c
             mask = bits.to_bytes((bits.bit_length() + 63) // 64 * 8, "little")
-        parts = [_HEAD.pack(len(argv), len(env), len(mask), len(limits)), mask]
+        envc = len(env) + (base[0] if base is not None else 0)
+        parts = [_HEAD.pack(len(argv), envc, len(mask), len(limits)), mask]
         parts += [_LIMIT.pack(res, 0, soft & _UINT64, hard & _UINT64) for res, (soft, hard) in limits]
         # One join and one encoding for all the strings (per string: several times the cost), then the
         # checks posix_spawn makes, on the whole.
@@ -246,6 +264,8 @@ class ForkServer:
         if "=" in "".join(env):
             raise ValueError("illegal environment variable name")
         parts.append(os.fsencode(text) + b"\0")
+        if base is not None:
+            parts.append(base[1])
         body = b"".join(parts)
         if len(body) > _MAX_BODY:  # (the helper would end at such a request; exec would refuse it anyway)
             raise SpawnError(errno.E2BIG, _STEP_EXEC)
