@@ -50,6 +50,7 @@ _LIMIT: Final = struct.Struct("IIQQ")
 _LEN: Final = struct.Struct("I")
 _MAX_BODY: Final = 64 << 20  # forkserver.c's MAX_BODY
 _EXIT_WAIT: Final = 2.0  # seconds a closed helper gets to exit
+_ALL_NULL: Final = (subprocess.DEVNULL,) * 3  # the streams of a task that names none
 
 # The steps forkserver.c names in a failed reply (its STEP_ constants).
 _STEP_REQUEST: Final = 1
@@ -203,6 +204,8 @@ class ForkServer:
     def __init__(self, exe: str, *, devnull: int) -> None:
         """Start the helper (from the calling thread: it inherits that thread's cpu affinity)."""
         self._devnull = devnull
+        #: The streams of a task that names none, as a request carries them (made once: _ask).
+        self._null_rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (devnull,) * 3))]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.pid = os.posix_spawn(
@@ -254,7 +257,8 @@ class ForkServer:
             mask = bits.to_bytes((bits.bit_length() + 63) // 64 * 8, "little")
         envc = len(env) + (base[0] if base is not None else 0)
         parts = [_HEAD.pack(len(argv), envc, len(mask), len(limits)), mask]
-        parts += [_LIMIT.pack(res, 0, soft & _UINT64, hard & _UINT64) for res, (soft, hard) in limits]
+        if limits:
+            parts += [_LIMIT.pack(res, 0, soft & _UINT64, hard & _UINT64) for res, (soft, hard) in limits]
         # One join and one encoding for all the strings (per string: several times the cost), then the
         # checks posix_spawn makes, on the whole.
         strings = [path, cwd, *argv, *[f"{k}={v}" for k, v in env.items()]]
@@ -269,9 +273,11 @@ class ForkServer:
         body = b"".join(parts)
         if len(body) > _MAX_BODY:  # (the helper would end at such a request; exec would refuse it anyway)
             raise SpawnError(errno.E2BIG, _STEP_EXEC)
-        devnull = self._devnull
-        fds = tuple(devnull if fd == subprocess.DEVNULL else fd for fd in streams)
-        pid, err, step = self._ask(body, fds)
+        if streams == _ALL_NULL:
+            pid, err, step = self._ask(body, None)
+        else:
+            devnull = self._devnull
+            pid, err, step = self._ask(body, tuple(devnull if fd == subprocess.DEVNULL else fd for fd in streams))
         if err:
             if pid > 0:
                 try:
@@ -283,11 +289,11 @@ class ForkServer:
             raise HelperGone(f"the spawn helper answered pid {pid}")
         return pid
 
-    def _ask(self, body: bytes, fds: tuple[int, ...]) -> tuple[int, int, int]:
+    def _ask(self, body: bytes, fds: tuple[int, ...] | None) -> tuple[int, int, int]:
+        """``fds``: the task's stdin, stdout and stderr; None: /dev/null for all three."""
+        rights = self._null_rights if fds is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         try:
-            self._sock.sendmsg(
-                [_LEN.pack(len(body)), body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-            )
+            self._sock.sendmsg([_LEN.pack(len(body)), body], rights)
         except OSError as exc:  # (a stream socket takes all of it or, the helper gone, none: EPIPE)
             raise HelperGone(f"the spawn helper is gone: {exc}", sent=False) from None
         try:

@@ -72,6 +72,20 @@ class WaitingOrders:
         """``cores`` were just released (``users``: processes per core): ``start`` the orders that now
         can, in arrival order; True if any."""
         orders = self._orders
+        if len(cores) == 1:  # (most orders: one core, whose waiting orders are in arrival order already)
+            core = cores[0]
+            on = self._on.get(core)
+            if on is None or users.get(core):
+                return False
+            while on and on[0] not in orders:
+                on.popleft()
+            for seq in on:
+                order = orders.get(seq)
+                if order is not None and not any(users.get(c) for c in order.cores):
+                    del orders[seq]
+                    start(order)  # its core is busy again: nothing else on it can start
+                    return True
+            return False
         freed = [c for c in cores if not users.get(c)]
         if not freed or not orders:
             return False
