@@ -418,10 +418,15 @@ class ProcessEngine:
             if self._by_ref.get(ref) is run:
                 del self._by_ref[ref]  # in the same step as its exit event: see snapshot()
             events = self._events
-            if events and events[-1] is run.start_event:
+            if events:
                 # Not sent yet, and the exit carries the start (a short task's, mostly): one event, not
-                # two to hold, drain and match up (drain, Agent._forward drop it otherwise).
-                events.pop()
+                # two to hold, drain and match up (drain, Agent._forward drop it otherwise). Last, or
+                # next to last: another spawner's start came after it.
+                start = run.start_event
+                if events[-1] is start:
+                    events.pop()
+                elif len(events) > 1 and events[-2] is start:
+                    del events[-2]
             wake = self._report(event)
         if wake:
             self._notify()
