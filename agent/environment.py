@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import ChainMap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -50,6 +51,18 @@ def build(
         env.update(pre)
     for key in pre_unset or ():
         env.pop(key, None)
+    env.update(extra)
+    return env
+
+
+def over_base(*, base: dict[str, str], job: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """What :func:`build` (inheriting, no pre_launch changes) sets over ``base``: the task's environment
+    is ``base`` with these over it, so a caller that has ``base`` encoded once need not copy it per task."""
+    env: dict[str, str] = {}
+    if job:
+        seen = ChainMap(env, base)  # (each value substituted against what is set so far, as in build)
+        for key, value in job.items():
+            env[key] = substitute(value, seen)
     env.update(extra)
     return env
 

@@ -30,7 +30,7 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -50,6 +50,7 @@ _LIMIT: Final = struct.Struct("IIQQ")
 _LEN: Final = struct.Struct("I")
 _MAX_BODY: Final = 64 << 20  # forkserver.c's MAX_BODY
 _EXIT_WAIT: Final = 2.0  # seconds a closed helper gets to exit
+_ALL_NULL: Final = (subprocess.DEVNULL,) * 3  # the streams of a task that names none
 
 # The steps forkserver.c names in a failed reply (its STEP_ constants).
 _STEP_REQUEST: Final = 1
@@ -67,6 +68,21 @@ _STEP_NAMES: Final = {
 }
 
 _build_lock = threading.Lock()
+
+
+#: Environment variables encoded for a request once, for many (:func:`env_block`): (count, bytes).
+EnvBlock = tuple[int, bytes]
+
+
+def env_block(env: Mapping[str, str]) -> EnvBlock:
+    """``env`` as a request carries it (each ``NAME=value`` NUL-terminated); ValueError as posix_spawn."""
+    items = [f"{k}={v}" for k, v in env.items()]
+    text = "\0".join(items)
+    if text.count("\0") != max(len(items) - 1, 0):
+        raise ValueError("embedded null byte")
+    if "=" in "".join(env):
+        raise ValueError("illegal environment variable name")
+    return len(items), (os.fsencode(text) + b"\0" if items else b"")
 
 
 class HelperGone(Exception):
@@ -188,6 +204,8 @@ class ForkServer:
     def __init__(self, exe: str, *, devnull: int) -> None:
         """Start the helper (from the calling thread: it inherits that thread's cpu affinity)."""
         self._devnull = devnull
+        #: The streams of a task that names none, as a request carries them (made once: _ask).
+        self._null_rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (devnull,) * 3))]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.pid = os.posix_spawn(
@@ -220,23 +238,27 @@ class ForkServer:
         self,
         path: str,
         argv: list[str],
-        env: dict[str, str],
+        env: Mapping[str, str],
         *,
         cwd: str,
         streams: tuple[int, int, int],
         cpus: Iterable[int] | None,
         limits: list[tuple[int, tuple[int, int]]],
+        base: EnvBlock | None = None,
     ) -> int:
-        """Start a task; its pid. :class:`SpawnError` when it could not (a child that started and failed
-        before exec is reaped here); :class:`HelperGone` when the helper is."""
+        """Start a task; its pid. ``base``: variables encoded once (:func:`env_block`) that the task
+        gets too (``env`` sets none of them). :class:`SpawnError` when it could not (a child that
+        started and failed before exec is reaped here); :class:`HelperGone` when the helper is."""
         mask = b""
         if cpus is not None:
             bits = 0
             for c in cpus:
                 bits |= 1 << c
             mask = bits.to_bytes((bits.bit_length() + 63) // 64 * 8, "little")
-        parts = [_HEAD.pack(len(argv), len(env), len(mask), len(limits)), mask]
-        parts += [_LIMIT.pack(res, 0, soft & _UINT64, hard & _UINT64) for res, (soft, hard) in limits]
+        envc = len(env) + (base[0] if base is not None else 0)
+        parts = [_HEAD.pack(len(argv), envc, len(mask), len(limits)), mask]
+        if limits:
+            parts += [_LIMIT.pack(res, 0, soft & _UINT64, hard & _UINT64) for res, (soft, hard) in limits]
         # One join and one encoding for all the strings (per string: several times the cost), then the
         # checks posix_spawn makes, on the whole.
         strings = [path, cwd, *argv, *[f"{k}={v}" for k, v in env.items()]]
@@ -246,12 +268,16 @@ class ForkServer:
         if "=" in "".join(env):
             raise ValueError("illegal environment variable name")
         parts.append(os.fsencode(text) + b"\0")
+        if base is not None:
+            parts.append(base[1])
         body = b"".join(parts)
         if len(body) > _MAX_BODY:  # (the helper would end at such a request; exec would refuse it anyway)
             raise SpawnError(errno.E2BIG, _STEP_EXEC)
-        devnull = self._devnull
-        fds = tuple(devnull if fd == subprocess.DEVNULL else fd for fd in streams)
-        pid, err, step = self._ask(body, fds)
+        if streams == _ALL_NULL:
+            pid, err, step = self._ask(body, None)
+        else:
+            devnull = self._devnull
+            pid, err, step = self._ask(body, tuple(devnull if fd == subprocess.DEVNULL else fd for fd in streams))
         if err:
             if pid > 0:
                 try:
@@ -263,11 +289,11 @@ class ForkServer:
             raise HelperGone(f"the spawn helper answered pid {pid}")
         return pid
 
-    def _ask(self, body: bytes, fds: tuple[int, ...]) -> tuple[int, int, int]:
+    def _ask(self, body: bytes, fds: tuple[int, ...] | None) -> tuple[int, int, int]:
+        """``fds``: the task's stdin, stdout and stderr; None: /dev/null for all three."""
+        rights = self._null_rights if fds is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         try:
-            self._sock.sendmsg(
-                [_LEN.pack(len(body)), body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-            )
+            self._sock.sendmsg([_LEN.pack(len(body)), body], rights)
         except OSError as exc:  # (a stream socket takes all of it or, the helper gone, none: EPIPE)
             raise HelperGone(f"the spawn helper is gone: {exc}", sent=False) from None
         try:

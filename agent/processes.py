@@ -34,7 +34,7 @@ import structlog
 from agent import environment
 from agent.reaping import Reaper
 from agent.spawning import Spawners
-from agent.table import Running, take_waiting
+from agent.table import Running, WaitingOrders
 from agent.trees import Trees
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
@@ -63,7 +63,7 @@ class ProcessEngine:
         self._early: dict[int, tuple[int, Any, float]] = {}
         self._cancelled: dict[ProcessRef, str] = {}
         self._core_users: dict[int, int] = {}  # core -> processes (running, or handed to a spawner) on it
-        self._waiting: list[ProcessOrder] = []
+        self._waiting = WaitingOrders()
         self._events: list[TaskEvent] = []
         self._held_since: float | None = None  # monotonic start of the oldest held ``started`` event
         self._report_since: float | None = None  # monotonic time of the oldest undrained exit or failure
@@ -107,7 +107,7 @@ class ProcessEngine:
             users = self._core_users
             for order in orders:
                 if order.after_cores and any(users.get(c) for c in order.cores):
-                    self._waiting.append(order)
+                    self._waiting.add(order)
                 else:
                     self._accept(order)
 
@@ -137,17 +137,7 @@ class ProcessEngine:
         users = self._core_users
         for c in order.cores:
             users[c] -= 1
-        if not self._waiting:
-            return False
-        still = []
-        for w in self._waiting:
-            if any(users.get(c) for c in w.cores):
-                still.append(w)
-            else:
-                self._accept(w)
-        started = len(still) < len(self._waiting)
-        self._waiting = still
-        return started
+        return bool(self._waiting) and self._waiting.release(order.cores, users, self._accept)
 
     def poll(self, mono: float) -> None:
         """Nothing to do at a given time: the spawner and reaper threads report by themselves."""
@@ -217,7 +207,7 @@ class ProcessEngine:
         with self._lock:
             run = self._by_ref.get(ref)
             if run is None:
-                waiting = take_waiting(self._waiting, ref)
+                waiting = self._waiting.take(ref)
                 if waiting is not None:
                     self._report(TaskEvent(ref[0], ref[1], "exited", time.time(), {"reason": reason, "spawned": False}))
                 elif self._pending_orders:
@@ -251,7 +241,7 @@ class ProcessEngine:
         it ``withdrawn``; False when it is not waiting any more (started, being started, or unknown):
         then it runs here as ordered, and its events say so."""
         with self._lock:
-            if take_waiting(self._waiting, ref) is None:
+            if self._waiting.take(ref) is None:
                 return False
             wake = self._report(TaskEvent(ref[0], ref[1], "withdrawn", time.time(), {}))
         if wake:
@@ -428,10 +418,15 @@ class ProcessEngine:
             if self._by_ref.get(ref) is run:
                 del self._by_ref[ref]  # in the same step as its exit event: see snapshot()
             events = self._events
-            if events and events[-1] is run.start_event:
+            if events:
                 # Not sent yet, and the exit carries the start (a short task's, mostly): one event, not
-                # two to hold, drain and match up (drain, Agent._forward drop it otherwise).
-                events.pop()
+                # two to hold, drain and match up (drain, Agent._forward drop it otherwise). Last, or
+                # next to last: another spawner's start came after it.
+                start = run.start_event
+                if events[-1] is start:
+                    events.pop()
+                elif len(events) > 1 and events[-2] is start:
+                    del events[-2]
             wake = self._report(event)
         if wake:
             self._notify()

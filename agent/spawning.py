@@ -31,8 +31,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections import ChainMap, Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import SimpleQueue
@@ -64,6 +64,7 @@ _CLONE_FS: Final = 0x00000200
 _DIRS_KEPT: Final = 256  # order directories whose resolved cwd a spawner keeps
 #: The streams of a task that names none: /dev/null for all three (one file-actions list for them all).
 _NO_STREAMS: Final = (subprocess.DEVNULL, subprocess.DEVNULL, subprocess.DEVNULL)
+_BLOCKS_KEPT: Final = 64  # encodings of the agent's environment kept (_base_block)
 _MAX_PINNED: Final = 1024  # pinned spawner threads at most (one per real cpu used by one-cpu orders)
 
 _MODES: Final = {
@@ -126,6 +127,7 @@ class Spawners:
         self._fds_sealed = 0.0  # monotonic time of the last _seal_fds
         _seal_fds()
         self._base_env = environment.inherited()
+        self._base_blocks: dict[tuple[str, ...], forkserver.EnvBlock] = {}  # (_base_block)
         self._tags = itertools.count(1)  # (next() is atomic: the spawners share it)
         self._mark = mark
         #: The spawn helper's executable (each spawner starts one: agent.forkserver); None: spawners start
@@ -238,9 +240,28 @@ class Spawners:
             cwd = os.path.join(self._cwd, os.path.expanduser(directory)) if directory else self._cwd
             if len(spawner.dirs) < _DIRS_KEPT:
                 spawner.dirs[directory] = cwd
-        env = self._environment(order)
         tag = next(self._tags)
-        env[MARK] = f"{self._mark}{tag}:{order.job_id}"
+        mark = f"{self._mark}{tag}:{order.job_id}"
+        base: forkserver.EnvBlock | None = None
+        full: dict[str, str] | None = None
+        env: Mapping[str, str]
+        if (
+            spawner.helper is not None
+            and order.role == "rank"
+            and order.inherit_environment
+            and not order.pre_environment
+            and not order.pre_unset
+        ):
+            # The agent's environment goes to the helper encoded once (_base_block); per task only
+            # what is set over it.
+            sent = environment.over_base(base=self._base_env, job=order.environment, extra=order.rank_environment)
+            self._add_node_variables(sent, order)
+            sent[MARK] = mark
+            base = self._base_block(sent)
+            env = ChainMap(sent, self._base_env)
+        else:
+            env = sent = full = self._environment(order)
+            full[MARK] = mark
         env_file = None
         if order.role == "rank":
             argv = [environment.substitute(order.executable, env)]
@@ -273,14 +294,16 @@ class Spawners:
                 popen = None
                 if helper is not None:
                     cpus = {self._cpu_map.get(c, c) for c in order.cores} if pin else None
-                    pid = self._helper_spawn(spawner, helper, order, argv, cwd, env, streams, cpus)
+                    pid = self._helper_spawn(spawner, helper, order, argv, cwd, env, sent, base, streams, cpus)
+                elif full is None:  # (cannot be: without a helper, the whole environment is built)
+                    raise RuntimeError("no environment for a spawn without the helper")
                 elif spawner.own_cwd and not order.rlimits:
-                    pid = self._posix_spawn(spawner, argv, cwd, env, streams)
+                    pid = self._posix_spawn(spawner, argv, cwd, full, streams)
                 else:
                     popen = subprocess.Popen(
                         argv,
                         cwd=cwd,
-                        env=env,
+                        env=full,
                         stdin=streams[0],
                         stdout=streams[1],
                         stderr=streams[2],
@@ -318,7 +341,7 @@ class Spawners:
                 os.close(fd)
         started = TaskEvent(order.job_id, order.slot, "started", t0, {"pid": pid})
         run = Running(
-            order, pid, popen, t0, m0, env_file, env if env_file is not None else None, start_event=started, tag=tag
+            order, pid, popen, t0, m0, env_file, full if env_file is not None else None, start_event=started, tag=tag
         )
         if self._engine._started(ref, run, started, reaps=spawner.reaps and popen is None):
             spawner.child = pid
@@ -331,25 +354,40 @@ class Spawners:
         order: ProcessOrder,
         argv: list[str],
         cwd: str,
-        env: dict[str, str],
+        env: Mapping[str, str],
+        sent: Mapping[str, str],
+        base: forkserver.EnvBlock | None,
         streams: tuple[int, int, int],
         cpus: set[int] | None,
     ) -> int:
-        """Start the task through the spawner's helper. One that has gone is replaced; the order goes to
+        """Start the task through the spawner's helper (``env``: the task's environment, of which ``sent``
+        goes in the request along with ``base``). One that has gone is replaced; the order goes to
         the new one if the old never got it, else it fails (its task may have started: never start it
         twice), as it does when no new helper starts."""
         exe = argv[0]
         path = exe if "/" in exe else _which(exe, env)
         limits = _limit_settings(order.rlimits) if order.rlimits else []
         try:
-            return helper.spawn(path, argv, env, cwd=cwd, streams=streams, cpus=cpus, limits=limits)
+            return helper.spawn(path, argv, sent, cwd=cwd, streams=streams, cpus=cpus, limits=limits, base=base)
         except HelperGone as exc:
             log.error("the spawn helper ended; starting another", job=order.job_id, slot=order.slot, error=str(exc))
             helper.close()
             spawner.helper = self._start_helper()
             if exc.sent or spawner.helper is None:  # (without one, the next orders start from the agent)
                 raise
-        return spawner.helper.spawn(path, argv, env, cwd=cwd, streams=streams, cpus=cpus, limits=limits)
+        return spawner.helper.spawn(path, argv, sent, cwd=cwd, streams=streams, cpus=cpus, limits=limits, base=base)
+
+    def _base_block(self, over: dict[str, str]) -> forkserver.EnvBlock:
+        """The agent's inherited environment without the variables ``over`` sets, encoded for the helper:
+        once per set of such variables (mostly none or the same few), not once per task."""
+        base = self._base_env
+        key = tuple(k for k in over if k in base)
+        block = self._base_blocks.get(key)
+        if block is None:
+            block = forkserver.env_block({k: v for k, v in base.items() if k not in over})
+            if len(self._base_blocks) < _BLOCKS_KEPT:  # (spawners share it: a race computes one twice)
+                self._base_blocks[key] = block
+        return block
 
     def _environment(self, order: ProcessOrder) -> dict[str, str]:
         """The task's environment: :func:`environment.build` with the rank's variables last, then the
@@ -415,7 +453,7 @@ class Spawners:
             ]
         return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_SIGNALS)
 
-    def _explain(self, exc: OSError, argv: list[str], cwd: str, env: dict[str, str]) -> str:
+    def _explain(self, exc: OSError, argv: list[str], cwd: str, env: Mapping[str, str]) -> str:
         node = self._node.name
         if not os.path.isdir(cwd):
             return f"directory {cwd!r} does not exist on node {node}"
@@ -518,7 +556,7 @@ def _seal_fds() -> None:
                 pass  # closed meanwhile (or the listing's own fd)
 
 
-def _which(exe: str, env: dict[str, str]) -> str:
+def _which(exe: str, env: Mapping[str, str]) -> str:
     """``exe`` in the task's PATH, as Popen looks it up (unchanged when not found: the spawn then fails
     with ENOENT, explained by ``_explain``)."""
     for d in os.get_exec_path(env):
