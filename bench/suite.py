@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -281,6 +282,7 @@ def deep_rate(ex: psij.JobExecutor, n: int, pid: int, timeout: float) -> tuple[f
     proc = psutil.Process(pid)
     done = threading.Event()
     lock = threading.Lock()
+    why: Counter[str] = Counter()  # what the jobs that did not complete were told, and how many each
     counts = {"queued": 0, "final": 0, "failed": 0}
 
     def cb(job: psij.Job, status: psij.JobStatus) -> None:
@@ -289,7 +291,9 @@ def deep_rate(ex: psij.JobExecutor, n: int, pid: int, timeout: float) -> tuple[f
                 counts["queued"] += 1
             elif status.final:
                 counts["final"] += 1
-                counts["failed"] += status.state is not psij.JobState.COMPLETED
+                if status.state is not psij.JobState.COMPLETED:
+                    counts["failed"] += 1
+                    why[f"{status.state.name}: {(status.message or '')[:200]}"] += 1
                 if counts["final"] == n:
                     done.set()
 
@@ -315,6 +319,8 @@ def deep_rate(ex: psij.JobExecutor, n: int, pid: int, timeout: float) -> tuple[f
         done.set()
         sampler.join()
         ex.set_job_status_callback(None)
+    if why:
+        print(f"depth: {counts['failed']} of {n} did not complete: {why.most_common(5)}", file=sys.stderr)
     return rate, counts["failed"], deepest[0], deepest[1]
 
 

@@ -29,7 +29,15 @@ import zmq
 
 from client._link import POLLIN, socket_events
 from client._reader import LIVENESS_INTERVAL, Reader
-from client._requests import DEFAULT_REQUEST_TIMEOUT, OnLost, OnReply, Pending, RequestTimeout, Ticket
+from client._requests import (
+    DEFAULT_REQUEST_TIMEOUT,
+    WAITS_FOR_A_LIVE_DAEMON,
+    OnLost,
+    OnReply,
+    Pending,
+    RequestTimeout,
+    Ticket,
+)
 from client.exceptions import SubmitException
 from pilot import wire
 from pilot.rundir import INFO_FILE, RunDir
@@ -230,6 +238,10 @@ class Connection(Reader):
         while not pending.done.wait(max(0.0, self.give_up_at(pending, timeout, base) - time.monotonic())):
             if time.monotonic() < self.give_up_at(pending, timeout, base):
                 continue  # the daemon was seen alive meanwhile: wait on
+            if pending.kind in WAITS_FOR_A_LIVE_DAEMON and self.rundir is not None and not self._daemon_gone():
+                # The I/O thread, busy (a flood of statuses), has not looked for a while: looked here.
+                self._alive_at = time.monotonic()
+                continue
             # Withdrawn before it is taken out: whether it reaches the pilot after this or never, the pilot
             # does not run it (a submit id never sent costs one line in the run directory).
             if pending.submit_ids is not None and self._abandon(list(pending.submit_ids)) is not None:

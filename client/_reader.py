@@ -227,6 +227,8 @@ class Reader(Delivery):
                     frames.append(link.sock.recv(zmq.NOBLOCK))
                 except zmq.Again:
                     break
+        if frames and self.rundir is not None:
+            self._alive_at = time.monotonic()  # what the daemon sent is a sighting of it too
         statuses = self._out
         answered = False
         for frame in frames:

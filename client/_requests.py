@@ -53,6 +53,9 @@ DEFAULT_REQUEST_TIMEOUT: Final = 10.0
 #: Seconds a sighting of the daemon stays good: the I/O thread looks at least this often while a
 #: submit waits (``LIVENESS_INTERVAL`` on a connection, a connection attempt's ``CONNECT_TIMEOUT``).
 ALIVE_SLACK: Final = 2.5
+#: Requests given up only ``request_timeout`` after their daemon was last seen alive (a lease is asked
+#: for by a submit).
+WAITS_FOR_A_LIVE_DAEMON: Final = frozenset({wire.Kind.SUBMIT, wire.Kind.LEASE})
 
 #: Most jobs in one SUBMIT frame when queued submits are sent together: the daemon handles a frame in
 #: one step of its loop, so this bounds how long one frame holds up everything else there.
@@ -323,7 +326,7 @@ class RequestTable:
         """When a request waiting since ``base`` (monotonic) is given up: ``timeout`` after it -- and a
         submit, also not before ``timeout`` after the daemon was last seen alive, nor before the I/O
         thread has had time to look (``ALIVE_SLACK``)."""
-        if p.kind != wire.Kind.SUBMIT and p.kind != wire.Kind.LEASE:  # a lease is asked for by a submit
+        if p.kind not in WAITS_FOR_A_LIVE_DAEMON:
             return base + timeout
         return max(base + max(timeout, ALIVE_SLACK), self._alive_at + ALIVE_SLACK + timeout)
 
