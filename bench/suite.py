@@ -80,8 +80,11 @@ def pilot(home: Path, name: str, config: str) -> Iterator[psij.JobExecutor]:
         ex.close()
 
 
-def local_config(*, nodes: int = 1, cores_per_node: int | None = None, backlog: int | None = None) -> str:
+def local_config(
+    *, nodes: int = 1, cores_per_node: int | None = None, backlog: int | None = None, max_queued: int | None = None
+) -> str:
     text = "[pilot]\n" + (f"backlog = {backlog}\n" if backlog is not None else "")
+    text += f"max_queued = {max_queued}\n" if max_queued is not None else ""
     text += f'[allocation]\nlrm = "local"\nnodes = {nodes}\n'
     if cores_per_node is not None:
         text += f"cores_per_node = {cores_per_node}\n"
@@ -335,7 +338,8 @@ def w_depth(home: Path, s: Sizes) -> Row:
     hi: list[float] = []
     deep: list[tuple[int, int]] = []
     failed = 0
-    with pilot(home, "depth", local_config()) as ex:
+    # The daemon itself holds the big queue: pilot.max_queued (default 100,000) above it.
+    with pilot(home, "depth", local_config(max_queued=big + small)) as ex:
         pid = daemon_pid(home)
         time.sleep(0.5)
         idle = psutil.Process(pid).memory_info().rss
