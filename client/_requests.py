@@ -4,10 +4,12 @@ Shared state, all under ``_lock`` (the table's lock): ``_pending`` (every reques
 given up, by rid), ``_outbox`` (rids not handed to a socket yet, in order), ``_deferred``,
 ``_unwaited`` and ``_abandoned``. Callers on any thread add to it and take back what they stop waiting
 for; the I/O thread hands the outbox to the socket, matches replies and gives requests up. ``_groups``
-(the members of each group frame sent), ``_last_answer`` and ``_alive_at`` are the I/O thread's to
-write (callers read ``_alive_at``, a float). A request's ``Done`` is set once, by whichever thread takes
-it out of ``_pending``: its one waiter then reads ``body`` or ``lost``. SUBMITs that wait in the outbox
-together are framed as one (group submit, ``client/_connection.py``).
+(the members of each group frame sent) and ``_last_answer`` are the I/O thread's to write;
+``_alive_at`` (a float: each write is a time the daemon was seen alive) is written by the I/O thread
+and by a caller about to give a submit up, which looks at the run directory itself first. A
+request's ``Done`` is set once, by whichever thread takes it out of ``_pending``: its one waiter
+then reads ``body`` or ``lost``. SUBMITs that wait in the outbox together are framed as one (group
+submit, ``client/_connection.py``).
 
 A submit gets a definite answer, never a guess. Every PSI/J job is submitted under a submit id
 (:class:`SubmitIds`). While the daemon lives -- stopped, swapped out or slow -- a submit waits for it,

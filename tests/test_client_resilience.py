@@ -580,3 +580,32 @@ def test_closing_the_last_executor_joins_the_connection_threads(start_pilot: Cal
     second.close()
     assert conn.closed
     assert not any(worker.is_alive() for worker in conn._workers)
+
+
+@pytest.mark.timeout(120)
+def test_a_submit_is_not_given_up_while_its_daemon_lives_though_the_io_thread_is_held_up(
+    restartable: Restartable,
+) -> None:
+    """The I/O thread, held up (here: its socket lock taken; in the wild: a flood of statuses), cannot
+    note that the daemon lives; a submit waiting on a stopped daemon must not be given up for that: its
+    caller looks at the run directory itself. Before that, it was withdrawn after request_timeout + 2.5 s
+    with 'its daemon is not running'."""
+    r = restartable
+    ex = r.executor(request_timeout=1.0)
+    agents_active(ex, 1)
+    conn = ex._backend.connection  # type: ignore[attr-defined]
+    daemon = psutil.Process(r.pilot.pid)
+    job = psij.Job(sh("true"))
+    daemon.suspend()
+    errors: list[BaseException] = []
+    try:
+        t = in_a_thread(lambda: ex.submit(job), errors)
+        wait_for(lambda: conn.in_flight() == 1, what="the submit to be sent")
+        with conn._sock_lock:  # the I/O thread stops at its next read of the socket
+            t.join(6)  # well past request_timeout + ALIVE_SLACK (3.5 s)
+            assert t.is_alive() and not errors, errors
+    finally:
+        daemon.resume()
+    t.join(30)
+    assert not t.is_alive() and not errors, errors
+    assert final(job).state is psij.JobState.COMPLETED
