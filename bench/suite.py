@@ -209,29 +209,36 @@ def w_throughput(home: Path, s: Sizes) -> list[Row]:
 
 
 def w_efficiency(home: Path, s: Sizes) -> Row:
+    """The makespan of n ``sleep`` tasks on 2 cores against the machine's own: the same n processes
+    started and waited for by 2 bare threads (Popen+wait), in the same run, alternating. The nominal
+    n x duration / cores is printed too; no spawner reaches it, as each ``sleep`` process also costs
+    its exec, loading and exit (about 1-2 ms here)."""
     n, dur, cores = s.pick(100, 500), 0.05, 2
-    ideal = n * dur / cores
+    nominal = n * dur / cores
     spans: list[float] = []
+    raws: list[float] = []
     failures = 0
-    spec = psij.JobSpec(executable="/bin/sleep", arguments=[str(dur)])
+    argv = ("/bin/sleep", str(dur))
+    spec = psij.JobSpec(executable=argv[0], arguments=list(argv[1:]))
     with pilot(home, "efficiency", local_config(cores_per_node=cores)) as ex:
         for _ in range(s.repeat):
-            rate, failed = pilot_rate(ex, n, spec=spec, timeout=ideal * 10 + 60)
+            raws.append(n / raw_spawn_rate(n, cores, argv=argv))
+            rate, failed = pilot_rate(ex, n, spec=spec, timeout=nominal * 10 + 60)
             spans.append(n / rate)
             failures += failed
-    actual = med(spans)
+    actual, raw = med(spans), med(raws)
     return Row(
         "efficiency",
         f"{n} x sleep {dur} on {cores} cores, submit_all()",
-        ideal / actual,
-        "of ideal",
-        ideal,
-        "ideal s",
-        ideal / actual,
+        actual,
+        "s makespan",
+        raw,
+        f"s raw spawn ({cores} threads)",
+        raw / actual,
         ">= 0.98",
-        ideal / actual >= 0.98,
-        f"makespan {actual:.2f} s; {failures} failed",
-        {"makespans_s": spans, "ideal_s": ideal, "tasks": n},
+        raw / actual >= 0.98,
+        f"{nominal / actual:.3f} of the nominal {nominal:g} s; {failures} failed",
+        {"makespans_s": spans, "raw_makespans_s": raws, "nominal_s": nominal, "tasks": n},
     )
 
 

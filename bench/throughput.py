@@ -27,17 +27,19 @@ from pathlib import Path
 from typing import Any
 
 
-def raw_spawn_rate(n: int, threads: int = 2, *, cpu: dict[str, float] | None = None) -> float:
-    """Tasks/s for n Popen+wait of /bin/true spread over ``threads`` threads. ``cpu``, if given, gets
-    the CPU µs per spawn of this process (``parent``: Popen, wait) and of the children (``task``:
-    the /bin/true processes' own exec, run and exit)."""
+def raw_spawn_rate(
+    n: int, threads: int = 2, *, cpu: dict[str, float] | None = None, argv: tuple[str, ...] = ("/bin/true",)
+) -> float:
+    """Tasks/s for n Popen+wait of ``argv`` (default /bin/true) spread over ``threads`` threads. ``cpu``,
+    if given, gets the CPU µs per spawn of this process (``parent``: Popen, wait) and of the children
+    (``task``: the processes' own exec, run and exit)."""
     import resource
 
     per = [n // threads + (1 if i < n % threads else 0) for i in range(threads)]
 
     def work(k: int) -> None:
         for _ in range(k):
-            subprocess.Popen(["/bin/true"]).wait()
+            subprocess.Popen(argv).wait()
 
     ts = [threading.Thread(target=work, args=(k,)) for k in per]
     self0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -27,7 +27,7 @@ import structlog
 from client import _embedded
 from client._connection import Connection
 from client._delivery import StatusSink
-from client._pipeline import Pipeline
+from client._pipeline import RETRY_DELAY, Pipeline
 from client._reader import report
 from client._requests import DEFAULT_REQUEST_TIMEOUT, SubmitIds, Ticket
 from client.exceptions import InvalidJobException, SubmitException
@@ -168,33 +168,51 @@ class Backend:
         the previous answer and the last sight of the daemon: a live pilot working through a large
         batch, or stopped, is not cut off, and a gone one is reported within the timeout."""
         conn = self.connection
-        queued: deque[tuple[int, int, Ticket | SubmitException, float]] = deque()  # start, count, request, when
+        # Each request in flight: the positions of its jobs in the batch, their descriptions and submit
+        # ids, the request, and when it was queued.
+        queued: deque[
+            tuple[
+                range | builtins.list[int],
+                builtins.list[dict[str, Any]],
+                builtins.list[str],
+                Ticket | SubmitException,
+                float,
+            ]
+        ] = deque()
         last_answer = 0.0
 
         def settle() -> None:
             nonlocal last_answer
-            start, count, ticket, when = queued.popleft()
+            ks, chunk, submit_ids, ticket, when = queued.popleft()
             try:
                 if isinstance(ticket, SubmitException):
                     raise ticket
                 body = conn.wait(ticket, timeout=self.request_timeout, since=max(when, last_answer))
             except SubmitException as exc:
-                for k in range(start, start + count):
+                for k in ks:
                     on_outcome(k, type(exc)(exc.message, transient=exc.transient))
                 return
             last_answer = time.monotonic()
-            for k, outcome in enumerate(_outcomes(body, count), start):
-                on_outcome(k, outcome)
+            again: builtins.list[int] = []  # jobs the pilot had no room for (pilot.max_queued): nothing was done
+            for i, (k, outcome) in enumerate(zip(ks, _outcomes(body, len(ks)), strict=True)):
+                if isinstance(outcome, SubmitException) and _retry(body, i):
+                    again.append(i)
+                else:
+                    on_outcome(k, outcome)
+            if again:  # sent again under the same submit ids; the pilot holds the request until it has room
+                if len(again) == len(ks):  # none taken: a pilot refusing at once is not asked again at once
+                    time.sleep(max(0.0, when + RETRY_DELAY - time.monotonic()))
+                send([ks[i] for i in again], [chunk[i] for i in again], [submit_ids[i] for i in again])
 
-        def send(start: int, chunk: builtins.list[dict[str, Any]]) -> None:
-            hook = functools.partial(_subscribe, conn, on_id, start)
+        def send(
+            ks: range | builtins.list[int], chunk: builtins.list[dict[str, Any]], submit_ids: builtins.list[str]
+        ) -> None:
+            hook = functools.partial(_subscribe, conn, lambda i, native_id: on_id(ks[i], native_id), 0)
             try:
-                request: Ticket | SubmitException = conn.submit(
-                    chunk, on_reply=hook, submit_ids=self.submit_ids.take(len(chunk))
-                )
+                request: Ticket | SubmitException = conn.submit(chunk, on_reply=hook, submit_ids=submit_ids)
             except SubmitException as exc:
                 request = exc
-            queued.append((start, len(chunk), request, time.monotonic()))
+            queued.append((ks, chunk, submit_ids, request, time.monotonic()))
 
         chunk: builtins.list[dict[str, Any]] = []
         sent = 0
@@ -202,18 +220,18 @@ class Backend:
         for description in descriptions:
             chunk.append(description)
             if len(chunk) == size:
-                send(sent, chunk)
+                send(range(sent, sent + len(chunk)), chunk, self.submit_ids.take(len(chunk)))
                 sent += len(chunk)
                 chunk = []
                 size = min(2 * size, SUBMIT_CHUNK)
                 while queued and (
                     len(queued) >= SUBMIT_WINDOW
-                    or isinstance(queued[0][2], SubmitException)
-                    or conn.answered(queued[0][2])
+                    or isinstance(queued[0][3], SubmitException)
+                    or conn.answered(queued[0][3])
                 ):
                     settle()  # outcomes in (or too many requests out): hand them over, the pilot works on
         if chunk:
-            send(sent, chunk)
+            send(range(sent, sent + len(chunk)), chunk, self.submit_ids.take(len(chunk)))
         while queued:
             settle()
 
@@ -314,6 +332,13 @@ def _outcomes(body: dict[str, Any], count: int) -> builtins.list[Outcome]:
     error = body.get("error") if "results" not in body else None
     message = str(error) if error else f"malformed reply from the pilot: {str(body)[:200]}"
     return [SubmitException(message) for _ in range(count)]
+
+
+def _retry(body: dict[str, Any], i: int) -> bool:
+    """Whether the pilot answered the i-th job of a request 'no room, nothing done: send it again'."""
+    results = body.get("results")
+    result = results[i] if isinstance(results, list) and i < len(results) else None
+    return isinstance(result, dict) and result.get("retry") is True
 
 
 def _outcome(result: Any) -> Outcome:

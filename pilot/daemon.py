@@ -414,7 +414,8 @@ class Daemon:
             case Submit(jobs=jobs, submit_ids=submit_ids, again=again):
                 if not self._abandoned_read:
                     self._read_abandoned()
-                return {"results": core.on_submit(ident, jobs, submit_ids, again=again)}
+                results = core.on_submit(ident, jobs, submit_ids, again=again, max_queued=self.parking.limit)
+                return {"results": results}
             case Abandon(submit_ids=submit_ids):
                 return {"results": core.on_abandon(list(submit_ids))}
             case Lease(count=count, give_back=give_back):

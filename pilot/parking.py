@@ -1,4 +1,5 @@
-"""Backpressure: SUBMIT frames held while the pilot has ``max_queued`` unfinished jobs.
+"""Backpressure: SUBMIT frames held while the pilot has ``max_queued`` unfinished jobs (a frame served
+with less room than it has jobs is taken in part: admission answers the rest ``no_room``).
 
 The client's submit() waits for the reply, so it slows down to the pace jobs end; held bytes are
 bounded. A frame held longer than ``PARK_SECONDS`` is answered with a transient refusal before the
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pilot import wire
+from pilot.core.admission import no_room
 
 PARK_SECONDS = 5.0  # well within a client's request timeout
 PARK_BYTES = 256 << 20  # held submit frames, in total
@@ -81,6 +83,4 @@ class Parking:
             count = len(wire.field(body, "jobs", list))
         except wire.ProtocolError:
             return  # garbage that only looked like a submit: dropped, as an unparsable frame is
-        error = f"the pilot holds {self.limit} unfinished jobs (pilot.max_queued); submit again when some have ended"
-        refusal = {"error": error, "transient": True, "retry": True}  # nothing of it was carried out: send it again
-        self._reply(ident, {"rid": rid, "results": [refusal] * count})
+        self._reply(ident, {"rid": rid, "results": [no_room(self.limit)] * count})

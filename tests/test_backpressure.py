@@ -81,3 +81,49 @@ def test_a_submit_that_finds_no_room_in_time_is_refused_transient(start_pilot: C
     ex.submit(ok)
     status = ok.wait(timeout=20)
     assert status is not None and status.state is psij.JobState.COMPLETED
+
+
+@pytest.mark.parametrize("api", ["submit_all", "pipelined submit"])
+def test_a_request_larger_than_the_room_left_is_taken_in_part_and_the_rest_sent_again(
+    start_pilot: Callable[..., Pilot], tmp_path: Path, api: str
+) -> None:
+    """max_queued holds per job, not per request: a submit_all request of 16 jobs, or a pipelined
+    frame of jobs submitted meanwhile, finds room for a few; those are taken, the rest answered 'no
+    room' and sent again by the client under the same submit ids, and every job runs once."""
+    p = start_pilot('[pilot]\nmax_queued = 4\n[allocation]\nlrm = "local"\nnodes = 1\ncores_per_node = 2\n')
+    ex = p.executor(pipelined=True)
+    agents_active(ex, 1)
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        watcher = p.executor()
+        while not stop.is_set():
+            st = watcher.pilot_status()
+            seen.append(sum(n for s, n in st["jobs"].items() if s in ("QUEUED", "ACTIVE")))
+            time.sleep(0.005)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    try:
+        jobs = [
+            psij.Job(psij.JobSpec(executable="/bin/sh", arguments=["-c", f"sleep 0.02; echo x >> {marks}/{i}"]))
+            for i in range(60)
+        ]
+        if api == "submit_all":
+            ex.submit_all(jobs)
+        else:
+            for job in jobs:
+                ex.submit(job)
+        for job in jobs:
+            status = job.wait(timeout=60)
+            assert status is not None and status.state is psij.JobState.COMPLETED, status
+    finally:
+        stop.set()
+        t.join()
+    assert seen and max(seen) <= 4, f"the pilot held {max(seen)} unfinished jobs, more than max_queued = 4"
+    assert sorted(int(f.name) for f in marks.iterdir()) == list(range(60))
+    assert all(f.read_text() == "x\n" for f in marks.iterdir()), "a job ran twice"
+    assert len({job.native_id for job in jobs}) == 60

@@ -18,6 +18,13 @@ from pilot.request import Request
 ABANDONED = "withdrawn: its client gave up waiting for the pilot's answer to its submit"
 
 
+def no_room(limit: int) -> dict[str, Any]:
+    """The answer to a job the pilot has no room for (``pilot.max_queued``): nothing of it was carried
+    out, so its client sends it again (``retry``)."""
+    error = f"the pilot holds {limit} unfinished jobs (pilot.max_queued); submit again when some have ended"
+    return {"error": error, "transient": True, "retry": True}
+
+
 class Admission(Part):
     def __init__(self, state: CoreState) -> None:
         super().__init__(state)
@@ -43,16 +50,36 @@ class Admission(Part):
         return None
 
     def submit(
-        self, ident: bytes, jobs: list[Any], submit_ids: list[str | None] | None, *, again: bool = True
+        self,
+        ident: bytes,
+        jobs: list[Any],
+        submit_ids: list[str | None] | None,
+        *,
+        again: bool = True,
+        max_queued: int | None = None,
     ) -> list[dict[str, Any]]:
         """The results of a SUBMIT's jobs, in order: each an id or an error. ``again``: the client may have
-        sent these submit ids before (to this daemon or an earlier one), so the journal is asked too."""
+        sent these submit ids before (to this daemon or an earlier one), so the journal is asked too.
+        ``max_queued``: the most unfinished jobs this pilot holds; the new jobs past it are answered
+        :func:`no_room` (a request is taken in part, not whole past the limit)."""
         refusal = self.refusal()
+        room = None if max_queued is None else max_queued - self.book.unfinished()
         if submit_ids is not None:
-            return self._submit_with_ids(ident, jobs, submit_ids, refusal, again=again)
+            return self._submit_with_ids(ident, jobs, submit_ids, refusal, again=again, room=room, limit=max_queued)
         if refusal is not None:
             return [refusal] * len(jobs)
-        return [self._submit_one(ident, raw) for raw in jobs]
+        if room is None or room >= len(jobs):
+            return [self._submit_one(ident, raw) for raw in jobs]
+        results: list[dict[str, Any]] = []
+        for raw in jobs:
+            if room <= 0:
+                assert max_queued is not None
+                results.append(no_room(max_queued))
+                continue
+            result = self._submit_one(ident, raw)
+            room -= _made(result)
+            results.append(result)
+        return results
 
     def abandon(self, submit_ids: list[str]) -> dict[str, list[str]]:
         """Submit ids whose client gave up waiting for the pilot's answer and told its caller that the job
@@ -81,6 +108,8 @@ class Admission(Part):
         refusal: dict[str, Any] | None,
         *,
         again: bool,
+        room: int | None = None,
+        limit: int | None = None,
     ) -> list[dict[str, Any]]:
         """Jobs (or documents) named by the client's submit ids. A submit id this pilot knows is the
         jobs that submit id made before -- its answer was lost with a connection or a daemon, and the
@@ -106,10 +135,15 @@ class Admission(Part):
                 results.append(self._follow_again(ident, raw, made))
             elif refusal is not None:
                 results.append(refusal)
+            elif room is not None and room <= 0:
+                assert limit is not None
+                results.append(no_room(limit))
             else:
                 result = self._submit_one(ident, raw, submit_id=submit_id, leased=leased)
                 if submit_id is not None and ("id" in result or "ids" in result):
                     known[submit_id] = result["ids"] if "ids" in result else [result["id"]]
+                if room is not None:
+                    room -= _made(result)
                 results.append(result)
         return results
 
@@ -254,3 +288,9 @@ def _not_leased(job_id: int) -> str:
         "directory since the client leased it (its journal lost) and has given the id to another job since; "
         "submit the job again (the client leases new ids)"
     )
+
+
+def _made(result: dict[str, Any]) -> int:
+    """How many jobs an entry's result made (a document's several, a refused entry none)."""
+    ids = result.get("ids")
+    return len(ids) if isinstance(ids, list) else int("id" in result)

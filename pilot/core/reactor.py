@@ -69,9 +69,15 @@ class Core:
     # -- events from clients ------------------------------------------------------------------------
 
     def on_submit(
-        self, ident: bytes, jobs: list[Any], submit_ids: list[str | None] | None, *, again: bool = True
+        self,
+        ident: bytes,
+        jobs: list[Any],
+        submit_ids: list[str | None] | None,
+        *,
+        again: bool = True,
+        max_queued: int | None = None,
     ) -> list[dict[str, Any]]:
-        return self.admission.submit(ident, jobs, submit_ids, again=again)
+        return self.admission.submit(ident, jobs, submit_ids, again=again, max_queued=max_queued)
 
     def on_cancel(self, job_id: str, *, reason: str = "canceled") -> dict[str, Any]:
         job = self.book.jobs.get(job_id)
