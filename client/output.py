@@ -15,9 +15,11 @@ from pilot.rundir import RunDir
 
 
 class OutputReader:
-    def __init__(self, native_id: str, *, rundir: str | Path | None = None) -> None:
+    def __init__(self, native_id: str, *, rundir: str | Path | None = None, submitted: float | None = None) -> None:
+        """``submitted``: the job is of an earlier life of the pilot (ids start again at 1 in each),
+        submitted at this Unix time; its life's output is read."""
         run = RunDir(Path(rundir)) if rundir is not None else RunDir.named()
-        self._reader = Reader(run.agents_dir, str(native_id))
+        self._reader = Reader(run.agents_dir, str(native_id), submitted=submitted)
 
     def read(self) -> list[tuple[int, str, bytes]]:
         """(rank, "out" or "err", bytes) records appended since the last read."""

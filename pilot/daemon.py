@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import math
 import os
 import time
@@ -167,7 +168,8 @@ class Daemon:
                     await self._resume(recovered)
                 else:
                     # A new life: job ids start again at 1, so the last life's output is moved aside.
-                    await anyio.to_thread.run_sync(output_stream.retire, self.rundir.agents_dir)
+                    retire = functools.partial(output_stream.retire, self.rundir.agents_dir, now=time.time())
+                    await anyio.to_thread.run_sync(retire)
                     await self._bind_agents()
                     self.core.outbox.journal.meta("agent_url", self.endpoints.agent_url)
                     refused = await self.acquisition.acquire_initial()

@@ -108,13 +108,22 @@ def test_submit_wait_names_signals_and_logs_shows_the_tail_then_after_down_too(p
     stopped = cli("logs", "--rundir", rd, running_id)
     assert stopped.stdout == "started\n" and f"job {running_id} CANCELED" in stopped.stderr, stopped
 
-    # A new life of the pilot numbers its jobs from 1 again: their output is never mixed with the last's.
+    # A new life of the pilot numbers its jobs from 1 again: their output is never mixed with the last's,
+    # and the last life's job is found in its life's files while the new life has no job of its id.
     pilot.up_again()
     agents_active(pilot.executor(), 1)
+    earlier = cli("logs", "--rundir", rd, job_id, "-n", "1")
+    assert earlier.stdout == "300\n", earlier
+    assert f"job {job_id} FAILED, exit -9" in earlier.stderr
     again = cli("submit", "--rundir", rd, "--wait", "--", "/bin/echo", "a new life")
     new_id = again.stdout.split()[-4]  # "<run>: 1 job(s): <id>" then "<id> COMPLETED" and the counts
     assert new_id == job_id, again.stdout
     assert logs_when(rd, new_id, want="a new life\n").stdout == "a new life\n"
+    # A third life: the second life's job 1, from the history, is read from the second life's files.
+    assert cli("down", "--rundir", rd).returncode == 0
+    pilot.up_again()
+    agents_active(pilot.executor(), 1)
+    assert cli("logs", "--rundir", rd, job_id).stdout == "a new life\n"
 
 
 def test_logs_prints_the_files_a_job_named_and_refuses_an_unknown_id(pilot: Any, tmp_path: Path) -> None:

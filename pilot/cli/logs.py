@@ -52,8 +52,11 @@ def logs_cmd(args: argparse.Namespace) -> None:
 
     rundir = rundir_of(args)
     job_id = str(args.id)
-    job = _job(rundir, job_id)
-    reader = OutputReader(job_id, rundir=rundir.path)
+    job, earlier = _job(rundir, job_id)
+    submitted = job.get("submitted") if earlier and job is not None else None
+    reader = OutputReader(
+        job_id, rundir=rundir.path, submitted=float(submitted) if isinstance(submitted, int | float) else None
+    )
     records = reader.read()
     if job is None and not records:
         where = "its pilot" if rundir.read_info() is not None else "its job history"
@@ -72,8 +75,9 @@ def logs_cmd(args: argparse.Namespace) -> None:
     _say_how_it_ended(job_id, end, following=args.follow)
 
 
-def _job(rundir: RunDir, job_id: str) -> dict[str, Any] | None:
-    """What 'pilot show --json' says of the job: from the running pilot, else from its history."""
+def _job(rundir: RunDir, job_id: str) -> tuple[dict[str, Any] | None, bool]:
+    """What 'pilot show --json' says of the job: from the running pilot, else from its history (the
+    latest life that had the id), and whether it came from the history."""
     from pilot import wire
     from pilot.cli.common import request
     from pilot.history import read
@@ -82,9 +86,9 @@ def _job(rundir: RunDir, job_id: str) -> dict[str, Any] | None:
         results = request(rundir, wire.Kind.SHOW, {"ids": [job_id]}, timeout=60.0).get("results", [])
         first = results[0] if isinstance(results, list) and results and isinstance(results[0], dict) else {}
         if isinstance(first.get("job"), dict):
-            return dict(first["job"])
+            return dict(first["job"]), False
     rows = read(rundir.history_file, job_id=job_id)
-    return dict(rows[-1]) if rows else None
+    return (dict(rows[-1]), True) if rows else (None, False)
 
 
 def _final(job: dict[str, Any] | None) -> bool:

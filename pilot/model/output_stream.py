@@ -35,13 +35,20 @@ def stream_files(root: Path) -> list[Path]:
     return sorted(root.rglob(f"*{SUFFIX}")) if root.is_dir() else []
 
 
-def retire(root: Path) -> list[Path]:
-    """At a pilot's fresh start, when job ids start again at 1: the earlier life's stream files become
-    ``<node>.stream.earlier`` (replacing an older one), so that a new job's output is never read back
-    mixed with that of the earlier life's job of the same id. Returns the files renamed."""
+#: A retired stream file: ``<node>.stream.earlier-<ms>``, ``<ms>`` the Unix time (milliseconds) at which
+#: the life after the one that wrote it began. (A bare ``.earlier`` is a retired file of older pilots.)
+RETIRED: Final = SUFFIX + ".earlier"
+
+
+def retire(root: Path, *, now: float) -> list[Path]:
+    """At a pilot's fresh start (``now``), when job ids start again at 1: the earlier life's stream
+    files become ``<node>.stream.earlier-<ms>``, so that a new job's output is never read back mixed
+    with that of the earlier life's job of the same id, and the earlier job's is still found
+    (:func:`files_of_life`). Returns the files renamed."""
     retired = []
+    stamp = f"-{int(now * 1000)}"
     for path in stream_files(root):
-        target = path.with_name(path.name + ".earlier")
+        target = path.with_name(path.name + ".earlier" + stamp)
         try:
             path.replace(target)
         except OSError:
@@ -50,13 +57,35 @@ def retire(root: Path) -> list[Path]:
     return retired
 
 
+def files_of_life(root: Path, submitted: float) -> list[Path]:
+    """The stream files of the life in which a job submitted at ``submitted`` (Unix time) ran: those
+    retired by the first fresh start after it, or, if none came since, the current ones."""
+    lives: dict[float, list[Path]] = {}
+    for path in root.rglob(f"*{RETIRED}*") if root.is_dir() else []:
+        tail = path.name.rsplit(RETIRED, 1)[1]
+        if tail == "":
+            try:
+                ended = path.stat().st_mtime  # an older pilot's: its last write is within its life
+            except OSError:
+                continue
+        elif tail[0] == "-" and tail[1:].isdigit():
+            ended = int(tail[1:]) / 1000
+        else:
+            continue  # not a name this module gives
+        lives.setdefault(ended, []).append(path)
+    after = [ended for ended in lives if ended > submitted]
+    return sorted(lives[min(after)]) if after else stream_files(root)
+
+
 class Reader:
     """One job's records from a set of stream files, read incrementally: each :meth:`read` returns what
     was appended since the last (``follow`` by calling it again). ``job_id`` also matches the job's
-    later placements (``<id>~<n>``)."""
+    later placements (``<id>~<n>``). ``submitted``: the job is of an earlier life of the pilot, submitted
+    then (its history row says when): its life's files are read (:func:`files_of_life`)."""
 
-    def __init__(self, root: Path, job_id: str) -> None:
+    def __init__(self, root: Path, job_id: str, *, submitted: float | None = None) -> None:
         self._root = root
+        self._submitted = submitted
         self._job = job_id
         self._prefix = f"{job_id}~"
         self._offsets: dict[Path, int] = {}
@@ -64,7 +93,8 @@ class Reader:
     def read(self) -> list[tuple[int, str, bytes]]:
         """(slot, stream, data) records of the job appended since the last call, file by file."""
         out: list[tuple[int, str, bytes]] = []
-        for path in stream_files(self._root):
+        paths = stream_files(self._root) if self._submitted is None else files_of_life(self._root, self._submitted)
+        for path in paths:
             out += self._read_file(path)
         return out
 
@@ -125,4 +155,4 @@ def _next(unpacker: msgpack.Unpacker) -> tuple[str, int, str, bytes] | None:
     return (record[0], record[1], record[2], record[3])
 
 
-__all__ = ["MAX_RECORD", "STREAM_OUTPUT", "SUFFIX", "Reader", "pack", "retire", "stream_files"]
+__all__ = ["MAX_RECORD", "STREAM_OUTPUT", "SUFFIX", "Reader", "files_of_life", "pack", "retire", "stream_files"]
