@@ -130,7 +130,7 @@ def test_show_is_human_by_default_with_xml_and_json(start_pilot: Any) -> None:
     lines = text.stdout.splitlines()
     assert lines[0] == "job 1 (/bin/sh): FAILED, exit 3"
     assert any(ln.startswith("  message:   ") and "exited with code 3" in ln for ln in lines)
-    assert "  command:   /bin/sh -c exit 3" in lines
+    assert "  command:   /bin/sh -c 'exit 3'" in lines  # quoted: the line pastes back into a shell
     assert any(ln.startswith("  node(s):   local-") and ln.endswith("1 core(s)") for ln in lines)
     zone = datetime.now().astimezone().strftime("%Z")
     for key in ("submitted", "started", "ended"):

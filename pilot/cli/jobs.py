@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 import time
 from datetime import datetime
@@ -324,7 +325,7 @@ def human(job: dict[str, Any]) -> list[str]:
     if job.get("message"):
         lines.append(f"  message:   {job['message']}")
     if job.get("command"):
-        lines.append(f"  command:   {' '.join(str(c) for c in job['command'])}")
+        lines.append(f"  command:   {shlex.join(str(c) for c in job['command'])}")  # as a shell takes it back
     if job.get("run"):
         lines.append(f"  run:       {job['run']}")
     nodes = job.get("nodes") or []
