@@ -7,7 +7,8 @@
  * address space that called exec into the new program's).
  *
  * fd 3 is a unix stream socket to the agent. Each request is a header (uint32 length of the body) that
- * carries the task's stdin, stdout and stderr as SCM_RIGHTS, then the body:
+ * carries the task's stdin, stdout and stderr as SCM_RIGHTS -- or no fds at all: the task then keeps
+ * this helper's own 0-2, /dev/null (most tasks: no fds to pass, install, dup and close) -- then the body:
  *     uint32 argc, envc, cpu mask bytes, rlimit count
  *     the cpu mask (sched_setaffinity's bytes; none: keep this helper's affinity)
  *     rlimit count x (uint32 resource, uint32 0, uint64 soft, uint64 hard)
@@ -210,7 +211,10 @@ int main(void) {
         char *body = malloc(len ? len : 1);
         if (!body || read_full(SOCK, body, len) != 0)
             return 1;
-        if (nfds != 3)
+        if (nfds == 0) {
+            int own[3] = {0, 1, 2}; /* /dev/null, as the agent started this helper: dup2 to itself is a no-op */
+            serve(body, len, own);
+        } else if (nfds != 3)
             reply(0, EBADF, STEP_REQUEST);
         else
             serve(body, len, fds);

@@ -204,8 +204,6 @@ class ForkServer:
     def __init__(self, exe: str, *, devnull: int) -> None:
         """Start the helper (from the calling thread: it inherits that thread's cpu affinity)."""
         self._devnull = devnull
-        #: The streams of a task that names none, as a request carries them (made once: _ask).
-        self._null_rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (devnull,) * 3))]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.pid = os.posix_spawn(
@@ -290,8 +288,9 @@ class ForkServer:
         return pid
 
     def _ask(self, body: bytes, fds: tuple[int, ...] | None) -> tuple[int, int, int]:
-        """``fds``: the task's stdin, stdout and stderr; None: /dev/null for all three."""
-        rights = self._null_rights if fds is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        """``fds``: the task's stdin, stdout and stderr; None: /dev/null for all three, which the request
+        then carries no fd for (the helper's own 0-2 are the agent's /dev/null: no fd to pass and close)."""
+        rights = [] if fds is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         try:
             self._sock.sendmsg([_LEN.pack(len(body)), body], rights)
         except OSError as exc:  # (a stream socket takes all of it or, the helper gone, none: EPIPE)

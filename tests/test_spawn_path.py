@@ -46,6 +46,7 @@ json.dump({
     "fds": [fd for fd in range(3, 1024) if is_open(fd)],
     "sid_is_pid": os.getsid(0) == os.getpid(),
     "affinity": sorted(os.sched_getaffinity(0)),
+    "streams": [os.readlink(f"/proc/self/fd/{fd}") for fd in range(3)],
 }, open(sys.argv[1], "w"))
 """
 
@@ -91,6 +92,7 @@ def test_tasks_get_their_directory_only_fds_0_to_2_default_sigpipe_own_session_a
         assert seen["fds"] == [], f"the task inherited fds {seen['fds']}"
         assert seen["sid_is_pid"]
         assert len(seen["affinity"]) == 1, seen["affinity"]
+        assert seen["streams"] == ["/dev/null"] * 3, seen["streams"]  # it named none
 
 
 @pytest.mark.timeout(60)
