@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,9 @@ import client as psij
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_submits_past_max_queued_wait_and_all_complete(start_pilot: Callable[..., Pilot], tmp_path: Path) -> None:
-    p = start_pilot('[pilot]\nmax_queued = 4\n[allocation]\nlrm = "local"\nnodes = 1\ncores_per_node = 2\n')
-    ex = p.executor()
-    agents_active(ex, 1)
+@contextmanager
+def unfinished_seen(p: Pilot) -> Iterator[list[int]]:
+    """The pilot's unfinished (QUEUED + ACTIVE) job counts, sampled every 5 ms while the block runs."""
     seen: list[int] = []
     stop = threading.Event()
 
@@ -30,11 +30,22 @@ def test_submits_past_max_queued_wait_and_all_complete(start_pilot: Callable[...
         while not stop.is_set():
             st = watcher.pilot_status()
             seen.append(sum(n for s, n in st["jobs"].items() if s in ("QUEUED", "ACTIVE")))
-            time.sleep(0.01)
+            time.sleep(0.005)
 
     t = threading.Thread(target=watch)
     t.start()
     try:
+        yield seen
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_submits_past_max_queued_wait_and_all_complete(start_pilot: Callable[..., Pilot], tmp_path: Path) -> None:
+    p = start_pilot('[pilot]\nmax_queued = 4\n[allocation]\nlrm = "local"\nnodes = 1\ncores_per_node = 2\n')
+    ex = p.executor()
+    agents_active(ex, 1)
+    with unfinished_seen(p) as seen:
         jobs = []
         for i in range(40):
             job = psij.Job(
@@ -45,9 +56,6 @@ def test_submits_past_max_queued_wait_and_all_complete(start_pilot: Callable[...
         for job in jobs:
             status = job.wait(timeout=30)
             assert status is not None and status.state is psij.JobState.COMPLETED, status
-    finally:
-        stop.set()
-        t.join()
     assert max(seen) <= 4, f"the pilot held {max(seen)} unfinished jobs, more than max_queued = 4"
     assert sorted(int(f.name) for f in tmp_path.iterdir() if f.name.isdigit()) == list(range(40))
     # Ended jobs are answered for from the journal: list, attach (with Delivered) and a no-op cancel.
@@ -93,21 +101,9 @@ def test_a_request_larger_than_the_room_left_is_taken_in_part_and_the_rest_sent_
     p = start_pilot('[pilot]\nmax_queued = 4\n[allocation]\nlrm = "local"\nnodes = 1\ncores_per_node = 2\n')
     ex = p.executor(pipelined=True)
     agents_active(ex, 1)
-    seen: list[int] = []
-    stop = threading.Event()
-
-    def watch() -> None:
-        watcher = p.executor()
-        while not stop.is_set():
-            st = watcher.pilot_status()
-            seen.append(sum(n for s, n in st["jobs"].items() if s in ("QUEUED", "ACTIVE")))
-            time.sleep(0.005)
-
-    t = threading.Thread(target=watch)
-    t.start()
     marks = tmp_path / "marks"
     marks.mkdir()
-    try:
+    with unfinished_seen(p) as seen:
         jobs = [
             psij.Job(psij.JobSpec(executable="/bin/sh", arguments=["-c", f"sleep 0.02; echo x >> {marks}/{i}"]))
             for i in range(60)
@@ -120,9 +116,6 @@ def test_a_request_larger_than_the_room_left_is_taken_in_part_and_the_rest_sent_
         for job in jobs:
             status = job.wait(timeout=60)
             assert status is not None and status.state is psij.JobState.COMPLETED, status
-    finally:
-        stop.set()
-        t.join()
     assert seen and max(seen) <= 4, f"the pilot held {max(seen)} unfinished jobs, more than max_queued = 4"
     assert sorted(int(f.name) for f in marks.iterdir()) == list(range(60))
     assert all(f.read_text() == "x\n" for f in marks.iterdir()), "a job ran twice"
