@@ -170,3 +170,26 @@ def test_status_report_is_checked() -> None:
     )
     with pytest.raises(ProtocolError, match="wrong field types"):
         m.StatusReport.from_wire(["1", "COMPLETED", "now", 0, None, None])
+
+
+def test_a_launch_frame_from_the_journals_packed_orders_is_the_frame_packed_afresh() -> None:
+    """The daemon sends the orders' bytes its journal batch packed: the agent must read the same frame,
+    also with an order the batch does not hold (one held back from an earlier flush) among them."""
+    from pilot.launchers.base import PlannedProcess
+    from pilot.store_batch import Batch
+
+    tx = Batch()
+    orders = []
+    for i in range(3):
+        order = ProcessOrder(str(i + 1), 0, "rank", "/bin/true", cores=[i], rank_environment={"PILOT_RANK": "0"})
+        w = order.to_wire()
+        tx.process_dispatched(str(i + 1), PlannedProcess("n0", order, [0]), order_wire=w)
+        orders.append(w)
+    held = ProcessOrder("9", 0, "rank", "/bin/echo", arguments=["x" * 40]).to_wire()
+    assert tx.packed_order(dict(orders[0])) is None  # an equal map is not the journaled one
+    for sent in (orders, [held, *orders], []):
+        frame = m.Launch.frame(sent, tx.packed_order)
+        assert frame == m.Launch.frame(sent)
+        back = m.decode(frame, m.TO_AGENT)
+        assert isinstance(back, m.Launch)
+        assert [o.to_wire() for o in back.orders] == sent
