@@ -99,7 +99,7 @@ class Batch:
         """The job's row as it is now: state (and, once final, exit code, message and Delivered), phase,
         timing, cancel reason, attempt, placements; its placement too when ``placed`` (it changed). One statement per
         changed job per flush, whatever changed."""
-        meta = pack(dict(job.metadata)) if job.final and job.metadata else None
+        meta = pack(job.metadata) if job.metadata and job.state.final else None  # (a dict: packed as it is)
         run = job.run
         ranks = _pack_ranks(run.ranks) if placed else None
         fields = (
