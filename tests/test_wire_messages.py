@@ -193,3 +193,24 @@ def test_a_launch_frame_from_the_journals_packed_orders_is_the_frame_packed_afre
         back = m.decode(frame, m.TO_AGENT)
         assert isinstance(back, m.Launch)
         assert [o.to_wire() for o in back.orders] == sent
+
+
+def test_an_order_with_every_field_set_sends_every_field_in_field_order() -> None:
+    """to_wire names each optional field by hand: one it forgot would read back as its default."""
+    from dataclasses import fields
+
+    from pilot.model import process_order
+
+    order = ProcessOrder(
+        job_id="7~1", slot=3, role="pre", executable="/bin/sh", arguments=["a"], environment={"E": "1"},
+        pre_environment={"P": "2"}, pre_unset=["U"], inherit_environment=False, directory="/d", stdin_path="",
+        stdout_path="o", stderr_path="e", truncate_output=False, cores=[1, 2], gpus=[0], walltime=9.5,
+        rank_environment={"R": "3"}, nodefile_hosts=[], script="s.sh", after_cores=True,
+        rlimits=[["RLIMIT_CORE", 0, 0]], staging=[["/a", "a", "copy", False]], stream=True,
+    )  # fmt: skip
+    raw = order.to_wire()
+    names = [f.name for f in fields(ProcessOrder)]
+    assert sorted(raw) == sorted(names)
+    assert list(raw) == list(process_order._REQUIRED) + [n for n in names if n not in process_order._REQUIRED]
+    assert ProcessOrder._from_wire_checked(raw) == order
+    assert all(value == getattr(order, name) for name, value in raw.items())
