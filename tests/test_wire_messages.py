@@ -214,3 +214,29 @@ def test_an_order_with_every_field_set_sends_every_field_in_field_order() -> Non
     assert list(raw) == list(process_order._REQUIRED) + [n for n in names if n not in process_order._REQUIRED]
     assert ProcessOrder._from_wire_checked(raw) == order
     assert all(value == getattr(order, name) for name, value in raw.items())
+
+
+def test_a_rank_order_puts_each_of_its_jobs_fields_where_it_belongs() -> None:
+    """rank_order builds the order positionally: each field of the job it carries comes out in its place."""
+    from pilot.launchers.base import rank_order
+    from pilot.model.job_description import JobDescription
+
+    d = JobDescription(
+        executable="/bin/x", arguments=["a"], directory="/d", inherit_environment=False, environment={"E": "1"},
+        stdin_path="i", stdout_path="o", stderr_path="e", duration=7.5,
+    )  # fmt: skip
+    o = rank_order(
+        job_id="9", slot=2, description=d, cores=[3, 4], gpus=[1], hosts=["h1", "h2", "h3"],
+        environment={"P": "1"}, truncate=False,
+    )  # fmt: skip
+    assert o == ProcessOrder(
+        job_id="9", slot=2, role="rank", executable="/bin/x", arguments=["a"], environment={"E": "1"},
+        pre_environment={"P": "1"}, inherit_environment=False, directory="/d", stdin_path="i", stdout_path="o",
+        stderr_path="e", truncate_output=False, cores=[3, 4], gpus=[1], walltime=7.5,
+        rank_environment={"PILOT_JOB_ID": "9", "PILOT_RANK": "2", "PILOT_SIZE": "3"}, nodefile_hosts=["h1", "h2", "h3"],
+    )  # fmt: skip
+    bare = rank_order(
+        job_id="1", slot=0, description=JobDescription(executable="/bin/true", submit_directory="/s"), cores=[0],
+        gpus=[], hosts=["h"], environment=None, truncate=True,
+    )  # fmt: skip
+    assert (bare.directory, bare.pre_environment, bare.walltime, bare.truncate_output) == ("/s", {}, None, True)
