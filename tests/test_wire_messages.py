@@ -88,6 +88,10 @@ def test_the_kind_tables_agree_with_the_codecs_sets() -> None:
         (Kind.TASK_EVENTS, {"events": [["1", 0, "exited", 1.0]]}, "a task event is [job_id, slot, kind, time, data]"),
         (Kind.TASK_EVENTS, {"events": [["1", True, "exited", 1.0, {}]]}, "a task event has wrong field types"),
         (Kind.TASK_EVENTS, {"events": [["1", 0, "exploded", 1.0, {}]]}, "unknown task event kind 'exploded'"),
+        (Kind.TASK_EVENTS, {"events": [["1", 0, "exited", True, {}]]}, "a task event has wrong field types"),
+        (Kind.TASK_EVENTS, {"events": [["1", 0, "exited", "1.0", {}]]}, "a task event has wrong field types"),
+        (Kind.TASK_EVENTS, {"events": [["1", 0, "exited", 1.0, []]]}, "a task event has wrong field types"),
+        (Kind.TASK_EVENTS, {"events": [[1, 0, "exited", 1.0, {}]]}, "a task event has wrong field types"),
         (Kind.TASK_EVENTS, {"events": "x"}, "field 'events' must be list"),
         (Kind.REGISTER, {"node": NODE.to_wire(), "running": [["1"]]}, "running must be [job_id, slot] pairs"),
         (Kind.REGISTER, {"running": []}, "missing field 'node'"),
@@ -240,3 +244,9 @@ def test_a_rank_order_puts_each_of_its_jobs_fields_where_it_belongs() -> None:
         gpus=[], hosts=["h"], environment=None, truncate=True,
     )  # fmt: skip
     assert (bare.directory, bare.pre_environment, bare.walltime, bare.truncate_output) == ("/s", {}, None, True)
+
+
+def test_task_events_read_back_with_their_time_as_a_float() -> None:
+    events = m.TaskEvents.from_body({"events": [["1", 0, "started", 5, {"pid": 7}], ["2~1", 1, "exited", 2.5, {}]]})
+    assert events.events == (m.TaskEvent("1", 0, "started", 5.0, {"pid": 7}), m.TaskEvent("2~1", 1, "exited", 2.5, {}))
+    assert all(type(e.time) is float for e in events.events)

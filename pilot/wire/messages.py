@@ -62,6 +62,21 @@ class TaskEvent(NamedTuple):
 
     @classmethod
     def from_wire(cls, raw: Any) -> TaskEvent:
+        # An agent's events, decoded by msgpack, have exact types: one pass of identity tests for them
+        # (two per task arrive), the general checks below for anything else.
+        if type(raw) is list and len(raw) == 5:
+            job_id, slot, kind, t, data = raw
+            if (
+                type(job_id) is str
+                and type(slot) is int
+                and type(kind) is str
+                and type(data) is dict
+                and kind in _TASK_EVENT_KINDS
+            ):
+                if type(t) is float:
+                    return cls(job_id, slot, kind, t, data)
+                if type(t) is int:
+                    return cls(job_id, slot, kind, float(t), data)
         if not (isinstance(raw, list) and len(raw) == 5):
             raise ProtocolError("a task event is [job_id, slot, kind, time, data]")
         job_id, slot, kind, t, data = raw
