@@ -60,6 +60,20 @@ _direct: tuple[_Unfailing, RedactSecrets] | None = None
 _encode = _json.JSONEncoder(default=repr).encode
 #: Field names as JSON strings (the same few come with every line).
 _keys: dict[str, str] = {}
+#: Recent string values as they are written (masked, quoted): most repeat from line to line (a state, a
+#: node's name, a job's name); emptied when full (each line's job id is new).
+_texts: dict[str, str] = {}
+_TEXTS_MOST = 4096
+
+
+def _text(value: str) -> str:
+    """``value`` masked and quoted as a JSON string."""
+    out = _texts.get(value)
+    if out is None:
+        if len(_texts) >= _TEXTS_MOST:
+            _texts.clear()
+        out = _texts[value] = _quote(mask_text(value))
+    return out
 
 
 def info_lines(logger: Any, event: str, rows: Sequence[dict[str, Any]]) -> None:
@@ -106,7 +120,7 @@ def _plain(row: dict[str, Any], redact: RedactSecrets) -> str | None:
             key = _keys[k] = _quote(k) + ": "
         t = type(v)
         if t is str:
-            parts.append(key + _quote(mask_text(v)))
+            parts.append(key + _text(v))
         elif v is None:
             parts.append(key + "null")
         elif t is int:
@@ -116,7 +130,7 @@ def _plain(row: dict[str, Any], redact: RedactSecrets) -> str | None:
         elif t is bool:
             parts.append(key + ("true" if v else "false"))
         elif t is list and all(type(x) is str for x in v):
-            parts.append(key + "[" + ", ".join([_quote(mask_text(x)) for x in v]) + "]")
+            parts.append(key + "[" + ", ".join([_text(x) for x in v]) + "]")
         else:
             return None
     return ", ".join(parts)
