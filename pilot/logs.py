@@ -88,24 +88,34 @@ def info_lines(logger: Any, event: str, rows: Sequence[dict[str, Any]]) -> None:
     if not rows:
         return
     direct = _direct
-    if direct is None or structlog.contextvars.get_contextvars():
+    if direct is None or _context_bound():
         for row in rows:
             logger.info(event, **row)
         return
     out, redact = direct
     stamp = datetime.datetime.now(tz=datetime.UTC).isoformat().replace("+00:00", "Z")
-    tail = {"event": mask_text(event), "level": "info", "timestamp": stamp}
-    end = ", " + _encode(tail)[1:]  # the fields every line ends with, rendered once
+    # The fields every line ends with, rendered once: what json renders of {"event": ..., "level": "info",
+    # "timestamp": ...}, without its encoder's set-up (a loop turn often ends one job or two).
+    end = ', "event": ' + _text(event) + ', "level": "info", "timestamp": ' + _quote(stamp) + "}"
     lines = []
     for row in rows:
         body = _plain(row, redact)
         if body is None:
+            tail = {"event": mask_text(event), "level": "info", "timestamp": stamp}
             lines.append(_encode({**redact(None, "info", dict(row)), **tail}))
         else:
             lines.append("{" + body + end if body else "{" + end[2:])
     lines.append("")
     out.write("\n".join(lines))
     out.flush()
+
+
+def _context_bound() -> bool:
+    """Whether structlog's context variables hold anything (then lines go through structlog, which adds
+    them). Nothing binds any in the daemon: structlog's own list of the variables ever bound says so
+    without copying the whole context, as get_contextvars does, at every loop turn."""
+    ever = getattr(structlog.contextvars, "_CONTEXT_VARS", None)
+    return (ever is None or bool(ever)) and bool(structlog.contextvars.get_contextvars())
 
 
 def _plain(row: dict[str, Any], redact: RedactSecrets) -> str | None:
