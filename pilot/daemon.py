@@ -15,7 +15,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import anyio
@@ -122,6 +122,8 @@ class Daemon:
         self._journal_work = anyio.Lock()
         self._checkpoint_look: float = _CHECKPOINT_LOOK  # the commit count at which to look at the WAL next
         self._alloc_seen: dict[str, tuple[Any, ...]] = {}
+        #: The packed orders of the batch the flush under way commits (its LAUNCH frames reuse them).
+        self._packed_orders: Callable[[Mapping[str, Any]], bytes | None] | None = None
         #: The daemon's own stalls (see :mod:`pilot.stalls`): beaten by a watch task and by the monitor.
         self._stalls = StallMeter(time.monotonic())
         #: Submit ids local clients gave up on, read from the run directory before each look at clients.
@@ -481,6 +483,7 @@ class Daemon:
         (:mod:`pilot.journal_guard`)."""
         core = self.core
         tx = core.outbox.take_journal()
+        self._packed_orders = tx.packed_order
         for name, held in self.allocations.held.items():
             a = held.allocation
             seen = (a.state, a.started, a.message, a.nodes, len(a.hosts), len(a.expected_nodes))
@@ -555,7 +558,8 @@ class Daemon:
         for node, refs in out.withdraws.items():
             send(agents, [node.encode(), encode(Withdraw(tuple((ref[0], ref[1]) for ref in refs)))])
         for node, orders in out.orders.items():
-            send(agents, [node.encode(), Launch.frame(orders)])
+            send(agents, [node.encode(), Launch.frame(orders, self._packed_orders)])
+        self._packed_orders = None
         self.delivery.flush(out.replies, out.statuses)
         self._start_effects(out.effects)
         logs.info_lines(_jobs_log, "job ended", core.book.take_ended())  # after the sends: off their path

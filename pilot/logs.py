@@ -60,6 +60,20 @@ _direct: tuple[_Unfailing, RedactSecrets] | None = None
 _encode = _json.JSONEncoder(default=repr).encode
 #: Field names as JSON strings (the same few come with every line).
 _keys: dict[str, str] = {}
+#: Recent string values as they are written (masked, quoted): most repeat from line to line (a state, a
+#: node's name, a job's name); emptied when full (each line's job id is new).
+_texts: dict[str, str] = {}
+_TEXTS_MOST = 4096
+
+
+def _text(value: str) -> str:
+    """``value`` masked and quoted as a JSON string."""
+    out = _texts.get(value)
+    if out is None:
+        if len(_texts) >= _TEXTS_MOST:
+            _texts.clear()
+        out = _texts[value] = _quote(mask_text(value))
+    return out
 
 
 def info_lines(logger: Any, event: str, rows: Sequence[dict[str, Any]]) -> None:
@@ -74,24 +88,34 @@ def info_lines(logger: Any, event: str, rows: Sequence[dict[str, Any]]) -> None:
     if not rows:
         return
     direct = _direct
-    if direct is None or structlog.contextvars.get_contextvars():
+    if direct is None or _context_bound():
         for row in rows:
             logger.info(event, **row)
         return
     out, redact = direct
     stamp = datetime.datetime.now(tz=datetime.UTC).isoformat().replace("+00:00", "Z")
-    tail = {"event": mask_text(event), "level": "info", "timestamp": stamp}
-    end = ", " + _encode(tail)[1:]  # the fields every line ends with, rendered once
+    # The fields every line ends with, rendered once: what json renders of {"event": ..., "level": "info",
+    # "timestamp": ...}, without its encoder's set-up (a loop turn often ends one job or two).
+    end = ', "event": ' + _text(event) + ', "level": "info", "timestamp": ' + _quote(stamp) + "}"
     lines = []
     for row in rows:
         body = _plain(row, redact)
         if body is None:
+            tail = {"event": mask_text(event), "level": "info", "timestamp": stamp}
             lines.append(_encode({**redact(None, "info", dict(row)), **tail}))
         else:
             lines.append("{" + body + end if body else "{" + end[2:])
     lines.append("")
     out.write("\n".join(lines))
     out.flush()
+
+
+def _context_bound() -> bool:
+    """Whether structlog's context variables hold anything (then lines go through structlog, which adds
+    them). Nothing binds any in the daemon: structlog's own list of the variables ever bound says so
+    without copying the whole context, as get_contextvars does, at every loop turn."""
+    ever = getattr(structlog.contextvars, "_CONTEXT_VARS", None)
+    return (ever is None or bool(ever)) and bool(structlog.contextvars.get_contextvars())
 
 
 def _plain(row: dict[str, Any], redact: RedactSecrets) -> str | None:
@@ -106,7 +130,7 @@ def _plain(row: dict[str, Any], redact: RedactSecrets) -> str | None:
             key = _keys[k] = _quote(k) + ": "
         t = type(v)
         if t is str:
-            parts.append(key + _quote(mask_text(v)))
+            parts.append(key + _text(v))
         elif v is None:
             parts.append(key + "null")
         elif t is int:
@@ -116,7 +140,7 @@ def _plain(row: dict[str, Any], redact: RedactSecrets) -> str | None:
         elif t is bool:
             parts.append(key + ("true" if v else "false"))
         elif t is list and all(type(x) is str for x in v):
-            parts.append(key + "[" + ", ".join([_quote(mask_text(x)) for x in v]) + "]")
+            parts.append(key + "[" + ", ".join([_text(x) for x in v]) + "]")
         else:
             return None
     return ", ".join(parts)

@@ -54,6 +54,7 @@ class Batch:
         "_envs",
         "_meta",
         "_nodes",
+        "_packed_orders",
         "_requeued",
         "_results",
         "_updates",
@@ -72,6 +73,9 @@ class Batch:
         self._updates: list[tuple[Any, ...]] = []
         self._nodes: list[tuple[str, bytes]] = []
         self._meta: list[tuple[str, bytes]] = []
+        #: Each dispatched order's wire form as packed for the journal, by the id of that wire form (kept
+        #: with it, so the id cannot be another's): the LAUNCH frame reuses the bytes (:meth:`packed_order`).
+        self._packed_orders: dict[int, tuple[Mapping[str, Any], bytes]] = {}
 
     def job_accepted(
         self,
@@ -95,7 +99,7 @@ class Batch:
         """The job's row as it is now: state (and, once final, exit code, message and Delivered), phase,
         timing, cancel reason, attempt, placements; its placement too when ``placed`` (it changed). One statement per
         changed job per flush, whatever changed."""
-        meta = pack(dict(job.metadata)) if job.final and job.metadata else None
+        meta = pack(job.metadata) if job.metadata and job.state.final else None  # (a dict: packed as it is)
         run = job.run
         ranks = _pack_ranks(run.ranks) if placed else None
         fields = (
@@ -128,7 +132,7 @@ class Batch:
             row = self._accepted[at]
             self._accepted[at] = (*row[:_RANKS], None, row[_SUBMIT_ID])
         self._envs = [t for t in self._envs if t[-1] != job_id]
-        self._dispatched = [t for t in self._dispatched if t[0] != job_id]
+        self._dispatched = [t for t in self._dispatched if t[0] != job_id]  # (its packed orders may stay: unused)
         self._results = [t for t in self._results if t[0] != job_id]
         self._requeued.append((job_id,))
 
@@ -146,7 +150,15 @@ class Batch:
         """A process order sent (or about to be sent) to an agent; outstanding until its result.
         ``order_wire``: the order's wire form when the caller has it already (it is what is sent)."""
         wire = plan.order.to_wire() if order_wire is None else order_wire
-        self._dispatched.append((job_id, plan.order.slot, plan.node, pack(wire), pack(plan.holds)))
+        blob = pack(wire)
+        self._packed_orders[id(wire)] = (wire, blob)
+        self._dispatched.append((job_id, plan.order.slot, plan.node, blob, pack(plan.holds)))
+
+    def packed_order(self, wire: Mapping[str, Any]) -> bytes | None:
+        """The msgpack bytes of an order this batch journals, when ``wire`` is that very order's wire form
+        (what the daemon sends is what the journal keeps, packed once); None otherwise."""
+        hit = self._packed_orders.get(id(wire))
+        return hit[1] if hit is not None and hit[0] is wire else None
 
     def process_result(self, job_id: str, slot: int, result: ProcessResult) -> None:
         """How one process ended (or why it never started)."""

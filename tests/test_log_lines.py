@@ -80,3 +80,27 @@ def test_above_info_no_line_and_console_lines_go_through_structlog() -> None:
     console = run("info", "console")
     assert len(console) == 7 and all("job ended" in t for t in console[:3]), console
     assert "t0k3n" not in "".join(console) and "hunter2" not in "".join(console)
+
+
+BOUND = textwrap.dedent(
+    """
+    import sys, structlog
+    from pilot.logs import configure, info_lines
+    configure(level="info", json=True, stream=sys.stdout)
+    log = structlog.get_logger("t")
+    info_lines(log, "job ended", [dict(job="1")])
+    structlog.contextvars.bind_contextvars(request="r7")
+    info_lines(log, "job ended", [dict(job="2")])
+    structlog.contextvars.unbind_contextvars("request")
+    info_lines(log, "job ended", [dict(job="3")])
+    """
+)
+
+
+def test_lines_carry_the_context_bound_while_they_are_written() -> None:
+    # Written at once unless structlog's context holds something: then through structlog, which adds it.
+    proc = subprocess.run(
+        [sys.executable, "-c", BOUND], capture_output=True, text=True, timeout=30, cwd=ROOT, check=True
+    )
+    parsed = [json.loads(t) for t in proc.stdout.splitlines()]
+    assert [(p["job"], p.get("request")) for p in parsed] == [("1", None), ("2", "r7"), ("3", None)]

@@ -88,6 +88,10 @@ def test_the_kind_tables_agree_with_the_codecs_sets() -> None:
         (Kind.TASK_EVENTS, {"events": [["1", 0, "exited", 1.0]]}, "a task event is [job_id, slot, kind, time, data]"),
         (Kind.TASK_EVENTS, {"events": [["1", True, "exited", 1.0, {}]]}, "a task event has wrong field types"),
         (Kind.TASK_EVENTS, {"events": [["1", 0, "exploded", 1.0, {}]]}, "unknown task event kind 'exploded'"),
+        (Kind.TASK_EVENTS, {"events": [["1", 0, "exited", True, {}]]}, "a task event has wrong field types"),
+        (Kind.TASK_EVENTS, {"events": [["1", 0, "exited", "1.0", {}]]}, "a task event has wrong field types"),
+        (Kind.TASK_EVENTS, {"events": [["1", 0, "exited", 1.0, []]]}, "a task event has wrong field types"),
+        (Kind.TASK_EVENTS, {"events": [[1, 0, "exited", 1.0, {}]]}, "a task event has wrong field types"),
         (Kind.TASK_EVENTS, {"events": "x"}, "field 'events' must be list"),
         (Kind.REGISTER, {"node": NODE.to_wire(), "running": [["1"]]}, "running must be [job_id, slot] pairs"),
         (Kind.REGISTER, {"running": []}, "missing field 'node'"),
@@ -170,3 +174,79 @@ def test_status_report_is_checked() -> None:
     )
     with pytest.raises(ProtocolError, match="wrong field types"):
         m.StatusReport.from_wire(["1", "COMPLETED", "now", 0, None, None])
+
+
+def test_a_launch_frame_from_the_journals_packed_orders_is_the_frame_packed_afresh() -> None:
+    """The daemon sends the orders' bytes its journal batch packed: the agent must read the same frame,
+    also with an order the batch does not hold (one held back from an earlier flush) among them."""
+    from pilot.launchers.base import PlannedProcess
+    from pilot.store_batch import Batch
+
+    tx = Batch()
+    orders = []
+    for i in range(3):
+        order = ProcessOrder(str(i + 1), 0, "rank", "/bin/true", cores=[i], rank_environment={"PILOT_RANK": "0"})
+        w = order.to_wire()
+        tx.process_dispatched(str(i + 1), PlannedProcess("n0", order, [0]), order_wire=w)
+        orders.append(w)
+    held = ProcessOrder("9", 0, "rank", "/bin/echo", arguments=["x" * 40]).to_wire()
+    assert tx.packed_order(dict(orders[0])) is None  # an equal map is not the journaled one
+    for sent in (orders, [held, *orders], []):
+        frame = m.Launch.frame(sent, tx.packed_order)
+        assert frame == m.Launch.frame(sent)
+        back = m.decode(frame, m.TO_AGENT)
+        assert isinstance(back, m.Launch)
+        assert [o.to_wire() for o in back.orders] == sent
+
+
+def test_an_order_with_every_field_set_sends_every_field_in_field_order() -> None:
+    """to_wire names each optional field by hand: one it forgot would read back as its default."""
+    from dataclasses import fields
+
+    from pilot.model import process_order
+
+    order = ProcessOrder(
+        job_id="7~1", slot=3, role="pre", executable="/bin/sh", arguments=["a"], environment={"E": "1"},
+        pre_environment={"P": "2"}, pre_unset=["U"], inherit_environment=False, directory="/d", stdin_path="",
+        stdout_path="o", stderr_path="e", truncate_output=False, cores=[1, 2], gpus=[0], walltime=9.5,
+        rank_environment={"R": "3"}, nodefile_hosts=[], script="s.sh", after_cores=True,
+        rlimits=[["RLIMIT_CORE", 0, 0]], staging=[["/a", "a", "copy", False]], stream=True,
+    )  # fmt: skip
+    raw = order.to_wire()
+    names = [f.name for f in fields(ProcessOrder)]
+    assert sorted(raw) == sorted(names)
+    assert list(raw) == list(process_order._REQUIRED) + [n for n in names if n not in process_order._REQUIRED]
+    assert ProcessOrder._from_wire_checked(raw) == order
+    assert all(value == getattr(order, name) for name, value in raw.items())
+
+
+def test_a_rank_order_puts_each_of_its_jobs_fields_where_it_belongs() -> None:
+    """rank_order builds the order positionally: each field of the job it carries comes out in its place."""
+    from pilot.launchers.base import rank_order
+    from pilot.model.job_description import JobDescription
+
+    d = JobDescription(
+        executable="/bin/x", arguments=["a"], directory="/d", inherit_environment=False, environment={"E": "1"},
+        stdin_path="i", stdout_path="o", stderr_path="e", duration=7.5,
+    )  # fmt: skip
+    o = rank_order(
+        job_id="9", slot=2, description=d, cores=[3, 4], gpus=[1], hosts=["h1", "h2", "h3"],
+        environment={"P": "1"}, truncate=False,
+    )  # fmt: skip
+    assert o == ProcessOrder(
+        job_id="9", slot=2, role="rank", executable="/bin/x", arguments=["a"], environment={"E": "1"},
+        pre_environment={"P": "1"}, inherit_environment=False, directory="/d", stdin_path="i", stdout_path="o",
+        stderr_path="e", truncate_output=False, cores=[3, 4], gpus=[1], walltime=7.5,
+        rank_environment={"PILOT_JOB_ID": "9", "PILOT_RANK": "2", "PILOT_SIZE": "3"}, nodefile_hosts=["h1", "h2", "h3"],
+    )  # fmt: skip
+    bare = rank_order(
+        job_id="1", slot=0, description=JobDescription(executable="/bin/true", submit_directory="/s"), cores=[0],
+        gpus=[], hosts=["h"], environment=None, truncate=True,
+    )  # fmt: skip
+    assert (bare.directory, bare.pre_environment, bare.walltime, bare.truncate_output) == ("/s", {}, None, True)
+
+
+def test_task_events_read_back_with_their_time_as_a_float() -> None:
+    events = m.TaskEvents.from_body({"events": [["1", 0, "started", 5, {"pid": 7}], ["2~1", 1, "exited", 2.5, {}]]})
+    assert events.events == (m.TaskEvent("1", 0, "started", 5.0, {"pid": 7}), m.TaskEvent("2~1", 1, "exited", 2.5, {}))
+    assert all(type(e.time) is float for e in events.events)

@@ -194,7 +194,7 @@ class Lifecycle(Part):
     def on_process_event(self, agent: AgentRecord, ev: TaskEvent) -> None:
         """One task event from an agent (decoded and checked by the wire)."""
         job_id, slot, kind, t, data = ev
-        job = self.book.jobs.get(job_id.partition("~")[0])
+        job = self.book.jobs.get(job_id if "~" not in job_id else job_id.partition("~")[0])
         plan = job.run.processes.get(slot) if job is not None else None
         if job is None or plan is None or plan.node != agent.name or plan.order.job_id != job_id:
             # A replay of an event already handled (after a restart or a re-register), or a process
@@ -229,13 +229,15 @@ class Lifecycle(Part):
                 run.started = float(started)  # its start came in the same batch as its exit
             if plan.order.role not in STAGING_ROLES:  # Delivered counts the processes' time only
                 run.ended = max(run.ended or 0.0, t)
+            code, sig, reason = data.get("exit_code"), data.get("signal"), data.get("reason")
             result = ProcessResult(
                 agent.name,
                 plan.order.role,
-                exit_code=_opt_int(data.get("exit_code")),
-                signal=_opt_int(data.get("signal")),
-                reason=data.get("reason") if isinstance(data.get("reason"), str) else None,
-                data=data,
+                code if type(code) is int else _opt_int(code),  # (an exact int, as msgpack gives, at once)
+                sig if type(sig) is int or sig is None else _opt_int(sig),
+                None,
+                reason if reason is None or isinstance(reason, str) else None,
+                data,
             )
             if data.get("spawned") is False:
                 result.message = result.reason or "not started"

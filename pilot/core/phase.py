@@ -39,12 +39,13 @@ class Phase(Enum):
 
     __hash__ = object.__hash__  # singletons: identity hashing, as JobState
 
-    @property
-    def journaled(self) -> str:
-        """The phase as the journal's ``phase`` column keeps it. Behind a busy core, being asked back and
-        started are three records, not one: a resumed daemon must know which (an order it asked back
-        may have been given back; a started one never can be)."""
-        return _JOURNALED[self]
+    def __init__(self, value: str) -> None:
+        #: The phase as the journal's ``phase`` column keeps it (its value; BLOCKED's is 'queued': the
+        #: resuming core finds it blocked again). Behind a busy core, being asked back and started are
+        #: three records, not one: a resumed daemon must know which (an order it asked back may have
+        #: been given back; a started one never can be). An attribute, not a property: the journal
+        #: reads it for every changed job.
+        self.journaled: str = "queued" if value == "blocked" else value
 
     @staticmethod
     def from_journal(value: str) -> Phase:
@@ -54,20 +55,6 @@ class Phase(Enum):
             raise ValueError(f"unknown job phase {value!r}")
         return phase
 
-
-_JOURNALED: Final = {
-    Phase.BLOCKED: "queued",
-    Phase.QUEUED: "queued",
-    Phase.BEHIND: "behind",
-    Phase.WITHDRAWING: "withdrawing",
-    Phase.STAGE_IN: "stage_in",
-    Phase.PRE_LAUNCH: "pre",
-    Phase.RANKS: "ranks",
-    Phase.POST_LAUNCH: "post",
-    Phase.STAGE_OUT: "stage_out",
-    Phase.CLEANUP: "cleanup",
-    Phase.DONE: "done",
-}
 
 _FROM_JOURNAL: Final = {
     "queued": Phase.QUEUED,

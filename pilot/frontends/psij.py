@@ -19,7 +19,9 @@ def compile_entry(raw: Any, *, cluster: Cluster) -> Submission:
     """Raises DescriptionError naming the field at fault. ``raw`` is what the journal keeps: from_wire
     accepted it. Jobs sent with the same description share one JobDescription (and, placed on slots
     without dependencies, one Request): a million queued copies of a job cost one description."""
-    key = _frozen(raw, 0)
+    key = _flat_key(raw)
+    if key is None:
+        key = _frozen(raw, 0)
     hit = _SHARED.get(key) if key is not None else None
     if hit is not None and hit[1] is not None and not cluster.registry.binds_every_job:
         return Submission([hit[1]], [raw])
@@ -43,6 +45,26 @@ _SHARED: Final[dict[Hashable, tuple[JobDescription, Request | None]]] = {}
 _SHARED_MOST: Final = 1024
 #: Wire forms nested deeper than this are not shared (none of a PSI/J description's fields is).
 _DEPTH: Final = 8
+
+
+def _flat_key(raw: Any) -> Hashable | None:
+    """The key of a description whose values are all strings, numbers, booleans or None (a plain
+    ``JobSpec(executable=...)``), in three tuples built in C: its field names, its values and their
+    types (so 1, 1.0 and True stay three keys). None for any other (then :func:`_frozen` keys it), and
+    for one holding a zero (0.0 and -0.0 are equal: :func:`_frozen` tells them apart)."""
+    if type(raw) is not dict:
+        return None
+    values = tuple(raw.values())
+    types = tuple(map(type, values))
+    if not _FLAT.issuperset(types) or 0 in values:
+        return None
+    return (_FLAT_TAG, tuple(raw), values, types)
+
+
+#: The value types :func:`_flat_key` takes (exact types, as msgpack gives them), and its keys' first item
+#: (no key of :func:`_frozen` starts with it).
+_FLAT: Final = frozenset({str, int, float, bool, type(None)})
+_FLAT_TAG: Final = "flat"
 
 
 def _frozen(value: Any, depth: int) -> Hashable | None:

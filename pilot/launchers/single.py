@@ -24,8 +24,11 @@ class SingleLauncher(Launcher):
         launches: Sequence[TaskLaunch] | None = None,
     ) -> list[PlannedProcess]:
         first = ranks[0].node
-        cores = sorted(c for r in ranks if r.node == first for c in r.cores)
-        gpus = sorted(g for r in ranks if r.node == first for g in r.gpus)
+        if len(ranks) == 1:  # the common case: one rank's slots, without two generators to walk them
+            cores, gpus = sorted(ranks[0].cores), sorted(ranks[0].gpus)
+        else:
+            cores = sorted(c for r in ranks if r.node == first for c in r.cores)
+            gpus = sorted(g for r in ranks if r.node == first for g in r.gpus)
         order = rank_order(
             job_id=job_id,
             slot=0,

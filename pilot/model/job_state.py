@@ -3,6 +3,21 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Final
+
+_FINAL: Final = 6
+#: Each state's place in the order, by its value (the members' ``order``).
+_ORDER: Final = {
+    "NEW": 0,
+    "QUEUED": 1,
+    "STAGE_IN": 2,
+    "ACTIVE": 3,
+    "STAGE_OUT": 4,
+    "CLEANUP": 5,
+    "COMPLETED": _FINAL,
+    "FAILED": _FINAL,
+    "CANCELED": _FINAL,
+}
 
 
 class JobState(Enum):
@@ -23,13 +38,13 @@ class JobState(Enum):
     #: (states key the daemon's counters and are hashed several times per task on the hot path).
     __hash__ = object.__hash__
 
-    @property
-    def order(self) -> int:
-        return _ORDER[self]
-
-    @property
-    def final(self) -> bool:
-        return _ORDER[self] == _FINAL
+    def __init__(self, value: str) -> None:
+        # Plain attributes, as psij-python's JobState has them: read several times per task on the
+        # daemon's hot path, where a property costs twice the lookup.
+        #: The state's place in the order (the three final states share the last).
+        self.order: int = _ORDER[value]
+        #: COMPLETED, FAILED or CANCELED.
+        self.final: bool = _ORDER[value] == _FINAL
 
     def is_final(self) -> bool:
         return self.final
@@ -38,24 +53,11 @@ class JobState(Enum):
         """True/False where comparable; None for two distinct final states (the spec's ``||``)."""
         if self.final and other.final:
             return None if self is not other else False
-        return _ORDER[self] > _ORDER[other]
+        return self.order > other.order
 
     def __str__(self) -> str:
         return self.value
 
-
-_FINAL = 6
-_ORDER = {
-    JobState.NEW: 0,
-    JobState.QUEUED: 1,
-    JobState.STAGE_IN: 2,
-    JobState.ACTIVE: 3,
-    JobState.STAGE_OUT: 4,
-    JobState.CLEANUP: 5,
-    JobState.COMPLETED: _FINAL,
-    JobState.FAILED: _FINAL,
-    JobState.CANCELED: _FINAL,
-}
 
 #: The states to synthesise, in order, when a job jumps from one state to a later one.
 PATH: tuple[JobState, ...] = (JobState.NEW, JobState.QUEUED, JobState.ACTIVE)

@@ -66,13 +66,51 @@ class ProcessOrder:
     stream: bool = False
 
     def to_wire(self) -> dict[str, Any]:
-        """The fields every order has, then the optional ones that differ from their defaults (an absent
-        one reads back as its default): a common order is half the bytes to pack, journal, send and
-        check. Not dataclasses.asdict: it deep-copies every list and map, ~170 us per order."""
-        out = {name: getattr(self, name) for name in _REQUIRED}
-        for name, default in _OPTIONAL:
-            if (value := getattr(self, name)) != default:
-                out[name] = value
+        """The fields every order has (:data:`_REQUIRED`), then the optional ones that differ from their
+        defaults, in field order (an absent one reads back as its default): a common order is half the
+        bytes to pack, journal, send and check. Written out field by field: it runs for every order,
+        and a loop of getattr and comparisons costs twice as much (not dataclasses.asdict: it deep-copies
+        every list and map, ~170 us per order)."""
+        out = {
+            "job_id": self.job_id,
+            "slot": self.slot,
+            "role": self.role,
+            "executable": self.executable,
+            "arguments": self.arguments,
+            "inherit_environment": self.inherit_environment,
+            "directory": self.directory,
+            "truncate_output": self.truncate_output,
+            "cores": self.cores,
+            "gpus": self.gpus,
+        }
+        if self.environment:
+            out["environment"] = self.environment
+        if self.pre_environment:
+            out["pre_environment"] = self.pre_environment
+        if self.pre_unset:
+            out["pre_unset"] = self.pre_unset
+        if self.stdin_path is not None:
+            out["stdin_path"] = self.stdin_path
+        if self.stdout_path is not None:
+            out["stdout_path"] = self.stdout_path
+        if self.stderr_path is not None:
+            out["stderr_path"] = self.stderr_path
+        if self.walltime is not None:
+            out["walltime"] = self.walltime
+        if self.rank_environment:
+            out["rank_environment"] = self.rank_environment
+        if self.nodefile_hosts is not None:
+            out["nodefile_hosts"] = self.nodefile_hosts
+        if self.script is not None:
+            out["script"] = self.script
+        if self.after_cores:
+            out["after_cores"] = self.after_cores
+        if self.rlimits:
+            out["rlimits"] = self.rlimits
+        if self.staging:
+            out["staging"] = self.staging
+        if self.stream:
+            out["stream"] = self.stream
         return out
 
     @classmethod

@@ -146,6 +146,8 @@ def _shares(req: ResourceRequest, nodes: list[NodeSlots]) -> list[tuple[NodeSlot
         shares: list[tuple[NodeSlots, int]] = []
         left = total
         for node in nodes:
+            if not node.free_cores:
+                continue  # full (capacity 0): the nodes filled first are passed over for every job after
             cap = node.capacity(req)
             if cap:
                 n = min(cap, left)

@@ -93,6 +93,30 @@ def encode(kind: str, body: Mapping[str, Any]) -> bytes:
     return frame
 
 
+def frame_head(kind: str, name: str) -> bytes:
+    """The first bytes of ``encode(kind, {name: value})``, up to the value: a frame whose one field is
+    put together from parts already packed is this, then the value's bytes."""
+    head: bytes = (
+        _packer.pack_array_header(3)
+        + _packer.pack(PROTOCOL_VERSION)
+        + _packer.pack(kind)
+        + _packer.pack_map_header(1)
+        + _packer.pack(name)
+    )
+    return head
+
+
+def array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` items (its items' bytes follow)."""
+    header: bytes = _packer.pack_array_header(n)
+    return header
+
+
+def pack(value: Any) -> bytes:
+    packed: bytes = _packer.pack(value)
+    return packed
+
+
 def decode(frame: bytes, *, allowed: frozenset[str], max_bytes: int = MAX_FRAME_BYTES) -> Message:
     """Decode one frame from an untrusted peer, accepting only the ``allowed`` kinds."""
     if len(frame) > max_bytes:

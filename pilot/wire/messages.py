@@ -9,16 +9,17 @@ message a peer may not send is refused before any of it is read. Per-item record
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple, Protocol, Self
+from typing import Any, ClassVar, Final, NamedTuple, Protocol, Self
 
 from pilot.core.leases import MOST as LEASE_MOST
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
-from pilot.wire.codec import Kind, ProtocolError, field, opt_field
+from pilot.wire.codec import Kind, ProtocolError, array_header, field, frame_head, opt_field
 from pilot.wire.codec import decode as decode_frame
 from pilot.wire.codec import encode as encode_frame
+from pilot.wire.codec import pack as pack_value
 
 #: A process on an agent: (its job id, with ``~attempt`` after a re-run; its slot).
 ProcessRef = tuple[str, int]
@@ -61,6 +62,21 @@ class TaskEvent(NamedTuple):
 
     @classmethod
     def from_wire(cls, raw: Any) -> TaskEvent:
+        # An agent's events, decoded by msgpack, have exact types: one pass of identity tests for them
+        # (two per task arrive), the general checks below for anything else.
+        if type(raw) is list and len(raw) == 5:
+            job_id, slot, kind, t, data = raw
+            if (
+                type(job_id) is str
+                and type(slot) is int
+                and type(kind) is str
+                and type(data) is dict
+                and kind in _TASK_EVENT_KINDS
+            ):
+                if type(t) is float:
+                    return cls(job_id, slot, kind, t, data)
+                if type(t) is int:
+                    return cls(job_id, slot, kind, float(t), data)
         if not (isinstance(raw, list) and len(raw) == 5):
             raise ProtocolError("a task event is [job_id, slot, kind, time, data]")
         job_id, slot, kind, t, data = raw
@@ -342,13 +358,24 @@ class Launch:
         return {"orders": [o.to_wire() for o in self.orders]}
 
     @staticmethod
-    def frame(orders: list[dict[str, Any]]) -> bytes:
-        """The frame of orders already in their wire form (as the journal keeps them): encoded once."""
-        return encode_frame(Kind.LAUNCH, {"orders": orders})
+    def frame(orders: list[dict[str, Any]], packed: Callable[[Mapping[str, Any]], bytes | None] | None = None) -> bytes:
+        """The frame of orders already in their wire form (as the journal keeps them): encoded once.
+        ``packed``: an order's msgpack bytes when already packed (for the journal), else None; the frame
+        is then put together from those bytes (the same bytes ``encode_frame`` would write)."""
+        if packed is None:
+            return encode_frame(Kind.LAUNCH, {"orders": orders})
+        parts = [_LAUNCH_HEAD, array_header(len(orders))]
+        for o in orders:
+            blob = packed(o)
+            parts.append(pack_value(o) if blob is None else blob)
+        return b"".join(parts)
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Self:
         return cls(tuple(ProcessOrder.from_wire(o) for o in field(body, "orders", list)))
+
+
+_LAUNCH_HEAD: Final = frame_head(Kind.LAUNCH, "orders")
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,3 +67,24 @@ def test_jobs_with_dependencies_get_their_own_request() -> None:
     x, y = env.submit(after, after)
     assert env.job(x).description is env.job(y).description
     assert env.job(x).request is not env.job(y).request
+
+
+def test_descriptions_as_the_client_sends_them_share_too_and_tell_their_value_types_apart() -> None:
+    # A plain JobSpec's wire form holds strings and numbers only: keyed without walking it.
+    env = CoreEnv()
+    spec = {"executable": "/bin/true", "name": "t", "duration": 600.0, "submit_directory": "/w"}
+    a, b, c, d = (
+        env.core.on_submit(CLIENT, [dict(spec)], None)[0]["id"],
+        env.core.on_submit(CLIENT, [dict(spec)], None)[0]["id"],
+        env.core.on_submit(CLIENT, [{**spec, "duration": 600}], None)[0]["id"],
+        env.core.on_submit(CLIENT, [{**spec, "name": "u"}], None)[0]["id"],
+    )
+    assert env.job(a).description is env.job(b).description and env.job(a).request is env.job(b).request
+    assert env.job(c).description is not env.job(a).description and env.job(c).description.duration == 600.0
+    assert env.job(d).description.name == "u"
+    (flag,) = env.core.on_submit(CLIENT, [{**spec, "inherit_environment": 1}], None)
+    assert "inherit_environment must be true or false" in flag["error"]
+    kept, refused = env.core.on_submit(
+        CLIENT, [{**spec, "inherit_environment": True}, {**spec, "inherit_environment": 1}], None
+    )
+    assert "id" in kept and "inherit_environment must be true or false" in refused["error"]
