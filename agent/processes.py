@@ -106,7 +106,8 @@ class ProcessEngine:
         with self._lock:
             users = self._core_users
             for order in orders:
-                if order.after_cores and any(users.get(c) for c in order.cores):
+                cores = order.cores
+                if order.after_cores and (users.get(cores[0]) if len(cores) == 1 else any(users.get(c) for c in cores)):
                     self._waiting.add(order)
                 else:
                     self._accept(order)
@@ -360,12 +361,13 @@ class ProcessEngine:
             # Not pending from here on, in the same step: an exit reaped right away (a short task's)
             # must not see its own order still being started, and be held for it (_report).
             self._unpend(run.order)
-            self._cv.notify()  # (a reaper that lost its sentinel waits for it)
             if self._pidfds:  # in the same step: the reaper never sees "nothing left" while it starts
                 if reaps:
                     own = True
                 else:
                     self._reaper.watch(pid)
+            else:
+                self._cv.notify()  # (a reaper that lost its sentinel waits for it; with pidfds none does)
         if early is not None:
             try:
                 self._finish(pid, *early)

@@ -65,6 +65,7 @@ _DIRS_KEPT: Final = 256  # order directories whose resolved cwd a spawner keeps
 #: The streams of a task that names none: /dev/null for all three (one file-actions list for them all).
 _NO_STREAMS: Final = (subprocess.DEVNULL, subprocess.DEVNULL, subprocess.DEVNULL)
 _BLOCKS_KEPT: Final = 64  # encodings of the agent's environment kept (_base_block)
+_NONE_SET: Final[frozenset[str]] = frozenset()  # _base_block's key when a task overrides no inherited variable
 _MAX_PINNED: Final = 1024  # pinned spawner threads at most (one per real cpu used by one-cpu orders)
 
 _MODES: Final = {
@@ -127,7 +128,7 @@ class Spawners:
         self._fds_sealed = 0.0  # monotonic time of the last _seal_fds
         _seal_fds()
         self._base_env = environment.inherited()
-        self._base_blocks: dict[tuple[str, ...], forkserver.EnvBlock] = {}  # (_base_block)
+        self._base_blocks: dict[frozenset[str], forkserver.EnvBlock] = {}  # (_base_block)
         self._tags = itertools.count(1)  # (next() is atomic: the spawners share it)
         self._mark = mark
         #: The spawn helper's executable (each spawner starts one: agent.forkserver); None: spawners start
@@ -337,8 +338,9 @@ class Spawners:
             )
             return False
         finally:
-            for fd in set(files):
-                os.close(fd)
+            if files:
+                for fd in set(files):
+                    os.close(fd)
         started = TaskEvent(order.job_id, order.slot, "started", t0, {"pid": pid})
         run = Running(
             order, pid, popen, t0, m0, env_file, full if env_file is not None else None, start_event=started, tag=tag
@@ -381,7 +383,8 @@ class Spawners:
         """The agent's inherited environment without the variables ``over`` sets, encoded for the helper:
         once per set of such variables (mostly none or the same few), not once per task."""
         base = self._base_env
-        key = tuple(k for k in over if k in base)
+        common = base.keys() & over.keys()  # (iterates the smaller: the few variables set per task)
+        key = frozenset(common) if common else _NONE_SET
         block = self._base_blocks.get(key)
         if block is None:
             block = forkserver.env_block({k: v for k, v in base.items() if k not in over})
@@ -468,6 +471,9 @@ class Spawners:
 
     def _nodefile(self, hosts: list[str]) -> str:
         key = tuple(hosts)
+        path = self._nodefiles.get(key)  # (written once per key, under the lock: a read needs none)
+        if path is not None:
+            return path
         with self._nodefiles_lock:  # spawner threads (one per pinned cpu) share the files
             path = self._nodefiles.get(key)
             if path is None:

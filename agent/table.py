@@ -81,7 +81,8 @@ class WaitingOrders:
                 on.popleft()
             for seq in on:
                 order = orders.get(seq)
-                if order is not None and not any(users.get(c) for c in order.cores):
+                # (an order of this one core alone needs no look at the others: it is free)
+                if order is not None and (len(order.cores) == 1 or not any(users.get(c) for c in order.cores)):
                     del orders[seq]
                     start(order)  # its core is busy again: nothing else on it can start
                     return True
