@@ -245,7 +245,7 @@ class Spawners:
         mark = f"{self._mark}{tag}:{order.job_id}"
         base: forkserver.EnvBlock | None = None
         full: dict[str, str] | None = None
-        env: Mapping[str, str]
+        env: Mapping[str, str] | None  # None: ChainMap(sent, the agent's), made only where needed (_over)
         if (
             spawner.helper is not None
             and order.role == "rank"
@@ -255,19 +255,26 @@ class Spawners:
         ):
             # The agent's environment goes to the helper encoded once (_base_block); per task only
             # what is set over it.
-            sent = environment.over_base(base=self._base_env, job=order.environment, extra=order.rank_environment)
+            if order.environment:
+                sent = environment.over_base(base=self._base_env, job=order.environment, extra=order.rank_environment)
+            else:  # (what over_base gives then, with no call)
+                sent = dict(order.rank_environment)
             self._add_node_variables(sent, order)
             sent[MARK] = mark
             base = self._base_block(sent)
-            env = ChainMap(sent, self._base_env)
+            env = None
         else:
             env = sent = full = self._environment(order)
             full[MARK] = mark
         env_file = None
         if order.role == "rank":
-            argv = [environment.substitute(order.executable, env)]
-            if order.arguments:
-                argv += [environment.substitute(a, env) for a in order.arguments]
+            exe, args = order.executable, order.arguments
+            if "${" in exe or (args and "${" in "\0".join(args)):
+                if env is None:
+                    env = self._over(sent)
+                argv = [environment.substitute(exe, env), *[environment.substitute(a, env) for a in args]]
+            else:  # (most tasks: nothing to substitute, no call per string)
+                argv = [exe, *args]
         else:
             script = os.path.join(cwd, os.path.expanduser(order.script)) if order.script else ""
             if order.role == "pre":
@@ -327,13 +334,17 @@ class Spawners:
             if exc.step == forkserver.STEP_RLIMIT:
                 message = f"setting the ResourceLimits {order.rlimits} failed: {exc.strerror}"
             else:
-                message = self._explain(exc, argv, cwd, env)
+                message = self._explain(exc, argv, cwd, self._over(sent) if env is None else env)
             self._engine._emit(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": message}))
             return False
         except OSError as exc:
             self._engine._emit(
                 TaskEvent(
-                    order.job_id, order.slot, "failed", time.time(), {"message": self._explain(exc, argv, cwd, env)}
+                    order.job_id,
+                    order.slot,
+                    "failed",
+                    time.time(),
+                    {"message": self._explain(exc, argv, cwd, self._over(sent) if env is None else env)},
                 )
             )
             return False
@@ -356,18 +367,18 @@ class Spawners:
         order: ProcessOrder,
         argv: list[str],
         cwd: str,
-        env: Mapping[str, str],
+        env: Mapping[str, str] | None,
         sent: Mapping[str, str],
         base: forkserver.EnvBlock | None,
         streams: tuple[int, int, int],
         cpus: set[int] | None,
     ) -> int:
-        """Start the task through the spawner's helper (``env``: the task's environment, of which ``sent``
-        goes in the request along with ``base``). One that has gone is replaced; the order goes to
-        the new one if the old never got it, else it fails (its task may have started: never start it
-        twice), as it does when no new helper starts."""
+        """Start the task through the spawner's helper (``env``: the task's environment, or None for
+        ``sent`` over the agent's; ``sent`` goes in the request along with ``base``). One that has gone
+        is replaced; the order goes to the new one if the old never got it, else it fails (its task may
+        have started: never start it twice), as it does when no new helper starts."""
         exe = argv[0]
-        path = exe if "/" in exe else _which(exe, env)
+        path = exe if "/" in exe else _which(exe, self._over(sent) if env is None else env)
         limits = _limit_settings(order.rlimits) if order.rlimits else []
         try:
             return helper.spawn(path, argv, sent, cwd=cwd, streams=streams, cpus=cpus, limits=limits, base=base)
@@ -378,6 +389,10 @@ class Spawners:
             if exc.sent or spawner.helper is None:  # (without one, the next orders start from the agent)
                 raise
         return spawner.helper.spawn(path, argv, sent, cwd=cwd, streams=streams, cpus=cpus, limits=limits, base=base)
+
+    def _over(self, sent: Mapping[str, str]) -> Mapping[str, str]:
+        """The environment of a task whose ``sent`` variables go over the agent's (the helper path)."""
+        return ChainMap(dict(sent), self._base_env)
 
     def _base_block(self, over: dict[str, str]) -> forkserver.EnvBlock:
         """The agent's inherited environment without the variables ``over`` sets, encoded for the helper:
