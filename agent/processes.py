@@ -400,8 +400,13 @@ class ProcessEngine:
                 return
             # The process is gone: its cores first, so that the order waiting on them reaches its
             # spawner before anything else (the task's exit event, the loop's wake-up) takes the GIL.
-            self._free(run.order)
-            ref = (run.order.job_id, run.order.slot)
+            order = run.order
+            users = self._core_users  # (_free, inline: once per task)
+            for c in order.cores:
+                users[c] -= 1
+            if self._waiting_orders:
+                self._waiting.release(order.cores, users, self._accept)
+            ref = (order.job_id, order.slot)
         code = os.waitstatus_to_exitcode(status)
         if run.popen is not None:
             run.popen.returncode = code  # reaped here: its Popen must not wait for it again

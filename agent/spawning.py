@@ -228,7 +228,13 @@ class Spawners:
             if child is not None:
                 # This cpu's task: wait for it here, and the order that waits for its core starts on this
                 # thread right after, with no hand-over to another thread (and its wake-up) between.
-                engine._reaper.reap(child)
+                # (Reaper.reap, inline: once per task.)
+                try:
+                    _, status, rusage = os.wait4(child, 0)
+                except ChildProcessError:  # not ours to wait for any more: cannot happen, never block on it
+                    log.error("a task's exit was taken by someone else", pid=child)
+                    continue
+                engine._finish(child, status, rusage, time.monotonic())
 
     def _spawn(self, order: ProcessOrder, spawner: _Spawner) -> bool:
         """Start one order from a spawner thread; True when a process now runs for it."""
@@ -261,7 +267,8 @@ class Spawners:
                 sent = dict(order.rank_environment)
             self._add_node_variables(sent, order)
             sent[MARK] = mark
-            base = self._base_block(sent)
+            common = self._base_env.keys() & sent.keys()  # (_base_block's key: its cached block, no call)
+            base = self._base_blocks.get(frozenset(common) if common else _NONE_SET) or self._base_block(sent)
             env = None
         else:
             env = sent = full = self._environment(order)
@@ -424,8 +431,9 @@ class Spawners:
         """Set what the node tells its tasks, over the job's own variables: the node that really started
         it (SSS Task <Node>), the node file, the GPUs."""
         env["PILOT_NODE"] = self._node.name
-        if order.nodefile_hosts is not None:
-            env["PSIJ_NODEFILE"] = self._nodefile(order.nodefile_hosts)
+        hosts = order.nodefile_hosts
+        if hosts is not None:  # (the cached file with no call: written once per host list, _nodefile)
+            env["PSIJ_NODEFILE"] = self._nodefiles.get(tuple(hosts)) or self._nodefile(hosts)
         if order.gpus or self._node.gpus:
             env.update(environment.gpu_environment(order.gpus, node_has_gpus=bool(self._node.gpus)))
         return env
