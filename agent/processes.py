@@ -64,6 +64,7 @@ class ProcessEngine:
         self._cancelled: dict[ProcessRef, str] = {}
         self._core_users: dict[int, int] = {}  # core -> processes (running, or handed to a spawner) on it
         self._waiting = WaitingOrders()
+        self._waiting_orders = self._waiting.orders  # (its size, read per task: no __len__ call)
         self._events: list[TaskEvent] = []
         self._held_since: float | None = None  # monotonic start of the oldest held ``started`` event
         self._report_since: float | None = None  # monotonic time of the oldest undrained exit or failure
@@ -106,7 +107,8 @@ class ProcessEngine:
         with self._lock:
             users = self._core_users
             for order in orders:
-                if order.after_cores and any(users.get(c) for c in order.cores):
+                cores = order.cores
+                if order.after_cores and (users.get(cores[0]) if len(cores) == 1 else any(users.get(c) for c in cores)):
                     self._waiting.add(order)
                 else:
                     self._accept(order)
@@ -137,7 +139,7 @@ class ProcessEngine:
         users = self._core_users
         for c in order.cores:
             users[c] -= 1
-        return bool(self._waiting) and self._waiting.release(order.cores, users, self._accept)
+        return bool(self._waiting_orders) and self._waiting.release(order.cores, users, self._accept)
 
     def poll(self, mono: float) -> None:
         """Nothing to do at a given time: the spawner and reaper threads report by themselves."""
@@ -148,7 +150,7 @@ class ProcessEngine:
         before it waits: what it returns bounds the loop's next turn (``_report`` relies on it)."""
         with self._lock:
             when = None if self._report_since is None else self._report_since + self._hold
-            if when is not None and not self._urgent and (self._waiting or self._pending_orders):
+            if when is not None and not self._urgent and (self._waiting_orders or self._pending_orders):
                 # drain() gives nothing before the exit hold ends, held starts included: an earlier
                 # turn would find nothing, and the next one the same, a busy loop until then.
                 self._loop_due = when
@@ -181,7 +183,7 @@ class ProcessEngine:
                 since is not None
                 and not self._urgent
                 and now - since < self._hold
-                and (self._waiting or self._pending_orders)
+                and (self._waiting_orders or self._pending_orders)
             ):
                 return []
             events, self._events = self._events, []
@@ -359,13 +361,19 @@ class ProcessEngine:
             self._events.append(started)  # no wake-up: see drain
             # Not pending from here on, in the same step: an exit reaped right away (a short task's)
             # must not see its own order still being started, and be held for it (_report).
-            self._unpend(run.order)
-            self._cv.notify()  # (a reaper that lost its sentinel waits for it)
+            self._pending_orders -= 1  # (_unpend, inline: once per task)
+            left = self._pending_refs[ref] - 1
+            if left:
+                self._pending_refs[ref] = left
+            else:
+                del self._pending_refs[ref]
             if self._pidfds:  # in the same step: the reaper never sees "nothing left" while it starts
                 if reaps:
                     own = True
                 else:
                     self._reaper.watch(pid)
+            else:
+                self._cv.notify()  # (a reaper that lost its sentinel waits for it; with pidfds none does)
         if early is not None:
             try:
                 self._finish(pid, *early)
@@ -392,8 +400,13 @@ class ProcessEngine:
                 return
             # The process is gone: its cores first, so that the order waiting on them reaches its
             # spawner before anything else (the task's exit event, the loop's wake-up) takes the GIL.
-            self._free(run.order)
-            ref = (run.order.job_id, run.order.slot)
+            order = run.order
+            users = self._core_users  # (_free, inline: once per task)
+            for c in order.cores:
+                users[c] -= 1
+            if self._waiting_orders:
+                self._waiting.release(order.cores, users, self._accept)
+            ref = (order.job_id, order.slot)
         code = os.waitstatus_to_exitcode(status)
         if run.popen is not None:
             run.popen.returncode = code  # reaped here: its Popen must not wait for it again
@@ -471,14 +484,15 @@ class ProcessEngine:
         hold = _EXIT_HOLD if wall < _HOLD_UNDER else _EXIT_HOLD_LONG
         if self._report_since is not None:
             self._hold = min(self._hold, hold)  # the loop's deadline stays as it was: at most later
-            if self._urgent or len(self._waiting) > self._low_water:
+            if self._urgent or len(self._waiting_orders) > self._low_water:
                 return False
             self._urgent = True  # half the queue is gone: the daemon must send more
         else:
             now = self._report_since = time.monotonic()
             self._hold = hold
-            self._low_water = len(self._waiting) // 2
-            if not self._waiting:
+            waiting = len(self._waiting_orders)
+            self._low_water = waiting // 2
+            if not waiting:
                 self._urgent = True
             elif self._loop_due <= now + hold:
                 return False

@@ -65,6 +65,7 @@ _DIRS_KEPT: Final = 256  # order directories whose resolved cwd a spawner keeps
 #: The streams of a task that names none: /dev/null for all three (one file-actions list for them all).
 _NO_STREAMS: Final = (subprocess.DEVNULL, subprocess.DEVNULL, subprocess.DEVNULL)
 _BLOCKS_KEPT: Final = 64  # encodings of the agent's environment kept (_base_block)
+_NONE_SET: Final[frozenset[str]] = frozenset()  # _base_block's key when a task overrides no inherited variable
 _MAX_PINNED: Final = 1024  # pinned spawner threads at most (one per real cpu used by one-cpu orders)
 
 _MODES: Final = {
@@ -127,7 +128,7 @@ class Spawners:
         self._fds_sealed = 0.0  # monotonic time of the last _seal_fds
         _seal_fds()
         self._base_env = environment.inherited()
-        self._base_blocks: dict[tuple[str, ...], forkserver.EnvBlock] = {}  # (_base_block)
+        self._base_blocks: dict[frozenset[str], forkserver.EnvBlock] = {}  # (_base_block)
         self._tags = itertools.count(1)  # (next() is atomic: the spawners share it)
         self._mark = mark
         #: The spawn helper's executable (each spawner starts one: agent.forkserver); None: spawners start
@@ -227,7 +228,13 @@ class Spawners:
             if child is not None:
                 # This cpu's task: wait for it here, and the order that waits for its core starts on this
                 # thread right after, with no hand-over to another thread (and its wake-up) between.
-                engine._reaper.reap(child)
+                # (Reaper.reap, inline: once per task.)
+                try:
+                    _, status, rusage = os.wait4(child, 0)
+                except ChildProcessError:  # not ours to wait for any more: cannot happen, never block on it
+                    log.error("a task's exit was taken by someone else", pid=child)
+                    continue
+                engine._finish(child, status, rusage, time.monotonic())
 
     def _spawn(self, order: ProcessOrder, spawner: _Spawner) -> bool:
         """Start one order from a spawner thread; True when a process now runs for it."""
@@ -244,7 +251,7 @@ class Spawners:
         mark = f"{self._mark}{tag}:{order.job_id}"
         base: forkserver.EnvBlock | None = None
         full: dict[str, str] | None = None
-        env: Mapping[str, str]
+        env: Mapping[str, str] | None  # None: ChainMap(sent, the agent's), made only where needed (_over)
         if (
             spawner.helper is not None
             and order.role == "rank"
@@ -254,19 +261,27 @@ class Spawners:
         ):
             # The agent's environment goes to the helper encoded once (_base_block); per task only
             # what is set over it.
-            sent = environment.over_base(base=self._base_env, job=order.environment, extra=order.rank_environment)
+            if order.environment:
+                sent = environment.over_base(base=self._base_env, job=order.environment, extra=order.rank_environment)
+            else:  # (what over_base gives then, with no call)
+                sent = dict(order.rank_environment)
             self._add_node_variables(sent, order)
             sent[MARK] = mark
-            base = self._base_block(sent)
-            env = ChainMap(sent, self._base_env)
+            common = self._base_env.keys() & sent.keys()  # (_base_block's key: its cached block, no call)
+            base = self._base_blocks.get(frozenset(common) if common else _NONE_SET) or self._base_block(sent)
+            env = None
         else:
             env = sent = full = self._environment(order)
             full[MARK] = mark
         env_file = None
         if order.role == "rank":
-            argv = [environment.substitute(order.executable, env)]
-            if order.arguments:
-                argv += [environment.substitute(a, env) for a in order.arguments]
+            exe, args = order.executable, order.arguments
+            if "${" in exe or (args and "${" in "\0".join(args)):
+                if env is None:
+                    env = self._over(sent)
+                argv = [environment.substitute(exe, env), *[environment.substitute(a, env) for a in args]]
+            else:  # (most tasks: nothing to substitute, no call per string)
+                argv = [exe, *args]
         else:
             script = os.path.join(cwd, os.path.expanduser(order.script)) if order.script else ""
             if order.role == "pre":
@@ -326,19 +341,24 @@ class Spawners:
             if exc.step == forkserver.STEP_RLIMIT:
                 message = f"setting the ResourceLimits {order.rlimits} failed: {exc.strerror}"
             else:
-                message = self._explain(exc, argv, cwd, env)
+                message = self._explain(exc, argv, cwd, self._over(sent) if env is None else env)
             self._engine._emit(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": message}))
             return False
         except OSError as exc:
             self._engine._emit(
                 TaskEvent(
-                    order.job_id, order.slot, "failed", time.time(), {"message": self._explain(exc, argv, cwd, env)}
+                    order.job_id,
+                    order.slot,
+                    "failed",
+                    time.time(),
+                    {"message": self._explain(exc, argv, cwd, self._over(sent) if env is None else env)},
                 )
             )
             return False
         finally:
-            for fd in set(files):
-                os.close(fd)
+            if files:
+                for fd in set(files):
+                    os.close(fd)
         started = TaskEvent(order.job_id, order.slot, "started", t0, {"pid": pid})
         run = Running(
             order, pid, popen, t0, m0, env_file, full if env_file is not None else None, start_event=started, tag=tag
@@ -354,18 +374,18 @@ class Spawners:
         order: ProcessOrder,
         argv: list[str],
         cwd: str,
-        env: Mapping[str, str],
+        env: Mapping[str, str] | None,
         sent: Mapping[str, str],
         base: forkserver.EnvBlock | None,
         streams: tuple[int, int, int],
         cpus: set[int] | None,
     ) -> int:
-        """Start the task through the spawner's helper (``env``: the task's environment, of which ``sent``
-        goes in the request along with ``base``). One that has gone is replaced; the order goes to
-        the new one if the old never got it, else it fails (its task may have started: never start it
-        twice), as it does when no new helper starts."""
+        """Start the task through the spawner's helper (``env``: the task's environment, or None for
+        ``sent`` over the agent's; ``sent`` goes in the request along with ``base``). One that has gone
+        is replaced; the order goes to the new one if the old never got it, else it fails (its task may
+        have started: never start it twice), as it does when no new helper starts."""
         exe = argv[0]
-        path = exe if "/" in exe else _which(exe, env)
+        path = exe if "/" in exe else _which(exe, self._over(sent) if env is None else env)
         limits = _limit_settings(order.rlimits) if order.rlimits else []
         try:
             return helper.spawn(path, argv, sent, cwd=cwd, streams=streams, cpus=cpus, limits=limits, base=base)
@@ -377,11 +397,16 @@ class Spawners:
                 raise
         return spawner.helper.spawn(path, argv, sent, cwd=cwd, streams=streams, cpus=cpus, limits=limits, base=base)
 
+    def _over(self, sent: Mapping[str, str]) -> Mapping[str, str]:
+        """The environment of a task whose ``sent`` variables go over the agent's (the helper path)."""
+        return ChainMap(dict(sent), self._base_env)
+
     def _base_block(self, over: dict[str, str]) -> forkserver.EnvBlock:
         """The agent's inherited environment without the variables ``over`` sets, encoded for the helper:
         once per set of such variables (mostly none or the same few), not once per task."""
         base = self._base_env
-        key = tuple(k for k in over if k in base)
+        common = base.keys() & over.keys()  # (iterates the smaller: the few variables set per task)
+        key = frozenset(common) if common else _NONE_SET
         block = self._base_blocks.get(key)
         if block is None:
             block = forkserver.env_block({k: v for k, v in base.items() if k not in over})
@@ -406,8 +431,9 @@ class Spawners:
         """Set what the node tells its tasks, over the job's own variables: the node that really started
         it (SSS Task <Node>), the node file, the GPUs."""
         env["PILOT_NODE"] = self._node.name
-        if order.nodefile_hosts is not None:
-            env["PSIJ_NODEFILE"] = self._nodefile(order.nodefile_hosts)
+        hosts = order.nodefile_hosts
+        if hosts is not None:  # (the cached file with no call: written once per host list, _nodefile)
+            env["PSIJ_NODEFILE"] = self._nodefiles.get(tuple(hosts)) or self._nodefile(hosts)
         if order.gpus or self._node.gpus:
             env.update(environment.gpu_environment(order.gpus, node_has_gpus=bool(self._node.gpus)))
         return env
@@ -468,6 +494,9 @@ class Spawners:
 
     def _nodefile(self, hosts: list[str]) -> str:
         key = tuple(hosts)
+        path = self._nodefiles.get(key)  # (written once per key, under the lock: a read needs none)
+        if path is not None:
+            return path
         with self._nodefiles_lock:  # spawner threads (one per pinned cpu) share the files
             path = self._nodefiles.get(key)
             if path is None:

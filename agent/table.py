@@ -35,24 +35,26 @@ class WaitingOrders:
     core (it came in blocked, and each freeing starts what it unblocks), so only an order on a core
     just freed can start."""
 
-    __slots__ = ("_on", "_orders", "_seq")
+    __slots__ = ("_on", "_seq", "orders")
 
     def __init__(self) -> None:
-        self._orders: dict[int, ProcessOrder] = {}  # arrival number -> order, in arrival order
-        #: core -> arrival numbers of the orders on it, ascending; numbers no longer in ``_orders``
+        #: Arrival number -> order, in arrival order. Read-only to others: the engine tests its size and
+        #: emptiness on this dict, with no call of a Python method per task (``__len__``).
+        self.orders: dict[int, ProcessOrder] = {}
+        #: core -> arrival numbers of the orders on it, ascending; numbers no longer in ``orders``
         #: (started, withdrawn, killed) are dropped when they reach the front.
         self._on: dict[int, deque[int]] = {}
         self._seq = 0
 
     def __len__(self) -> int:
-        return len(self._orders)
+        return len(self.orders)
 
     def __iter__(self) -> Iterator[ProcessOrder]:
-        return iter(self._orders.values())
+        return iter(self.orders.values())
 
     def add(self, order: ProcessOrder) -> None:
         self._seq += 1
-        self._orders[self._seq] = order
+        self.orders[self._seq] = order
         for c in order.cores:
             on = self._on.get(c)
             if on is None:
@@ -62,16 +64,16 @@ class WaitingOrders:
     def take(self, ref: ProcessRef) -> ProcessOrder | None:
         """Remove and return the order of ``ref`` (a KILL or a WITHDRAW of one not started); None when
         none waits."""
-        for seq, order in self._orders.items():
+        for seq, order in self.orders.items():
             if (order.job_id, order.slot) == ref:
-                del self._orders[seq]
+                del self.orders[seq]
                 return order
         return None
 
     def release(self, cores: list[int], users: dict[int, int], start: Callable[[ProcessOrder], None]) -> bool:
         """``cores`` were just released (``users``: processes per core): ``start`` the orders that now
         can, in arrival order; True if any."""
-        orders = self._orders
+        orders = self.orders
         if len(cores) == 1:  # (most orders: one core, whose waiting orders are in arrival order already)
             core = cores[0]
             on = self._on.get(core)
@@ -81,7 +83,8 @@ class WaitingOrders:
                 on.popleft()
             for seq in on:
                 order = orders.get(seq)
-                if order is not None and not any(users.get(c) for c in order.cores):
+                # (an order of this one core alone needs no look at the others: it is free)
+                if order is not None and (len(order.cores) == 1 or not any(users.get(c) for c in order.cores)):
                     del orders[seq]
                     start(order)  # its core is busy again: nothing else on it can start
                     return True
