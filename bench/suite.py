@@ -467,7 +467,8 @@ def w_memory(home: Path, s: Sizes) -> Row:
     import psutil
 
     n = s.pick(10_000, 100_000)
-    with pilot(home, "memory", local_config(cores_per_node=1, backlog=0)) as ex:
+    # pilot.max_queued above the n jobs and the blocker: the pilot takes them all (its limit holds per job).
+    with pilot(home, "memory", local_config(cores_per_node=1, backlog=0, max_queued=n + 1)) as ex:
         proc = psutil.Process(daemon_pid(home))
         start_blocker(ex)
         time.sleep(0.5)
