@@ -361,12 +361,7 @@ class ProcessEngine:
             self._events.append(started)  # no wake-up: see drain
             # Not pending from here on, in the same step: an exit reaped right away (a short task's)
             # must not see its own order still being started, and be held for it (_report).
-            self._pending_orders -= 1  # (_unpend, inline: once per task)
-            left = self._pending_refs[ref] - 1
-            if left:
-                self._pending_refs[ref] = left
-            else:
-                del self._pending_refs[ref]
+            self._unpend(run.order)
             if self._pidfds:  # in the same step: the reaper never sees "nothing left" while it starts
                 if reaps:
                     own = True
@@ -401,11 +396,7 @@ class ProcessEngine:
             # The process is gone: its cores first, so that the order waiting on them reaches its
             # spawner before anything else (the task's exit event, the loop's wake-up) takes the GIL.
             order = run.order
-            users = self._core_users  # (_free, inline: once per task)
-            for c in order.cores:
-                users[c] -= 1
-            if self._waiting_orders:
-                self._waiting.release(order.cores, users, self._accept)
+            self._free(order)
             ref = (order.job_id, order.slot)
         code = os.waitstatus_to_exitcode(status)
         if run.popen is not None:

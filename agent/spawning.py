@@ -228,13 +228,7 @@ class Spawners:
             if child is not None:
                 # This cpu's task: wait for it here, and the order that waits for its core starts on this
                 # thread right after, with no hand-over to another thread (and its wake-up) between.
-                # (Reaper.reap, inline: once per task.)
-                try:
-                    _, status, rusage = os.wait4(child, 0)
-                except ChildProcessError:  # not ours to wait for any more: cannot happen, never block on it
-                    log.error("a task's exit was taken by someone else", pid=child)
-                    continue
-                engine._finish(child, status, rusage, time.monotonic())
+                engine._reaper.reap(child)
 
     def _spawn(self, order: ProcessOrder, spawner: _Spawner) -> bool:
         """Start one order from a spawner thread; True when a process now runs for it."""
