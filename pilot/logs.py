@@ -64,15 +64,19 @@ _keys: dict[str, str] = {}
 #: node's name, a job's name); emptied when full (each line's job id is new).
 _texts: dict[str, str] = {}
 _TEXTS_MOST = 4096
+#: Only short values are kept: a job's name or message is the user's, of any length.
+_TEXT_LONGEST = 256
 
 
 def _text(value: str) -> str:
     """``value`` masked and quoted as a JSON string."""
     out = _texts.get(value)
     if out is None:
-        if len(_texts) >= _TEXTS_MOST:
-            _texts.clear()
-        out = _texts[value] = _quote(mask_text(value))
+        out = _quote(mask_text(value))
+        if len(value) <= _TEXT_LONGEST:
+            if len(_texts) >= _TEXTS_MOST:
+                _texts.clear()
+            _texts[value] = out
     return out
 
 

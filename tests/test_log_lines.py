@@ -104,3 +104,15 @@ def test_lines_carry_the_context_bound_while_they_are_written() -> None:
     )
     parsed = [json.loads(t) for t in proc.stdout.splitlines()]
     assert [(p["job"], p.get("request")) for p in parsed] == [("1", None), ("2", "r7"), ("3", None)]
+
+
+def test_only_short_values_are_kept_rendered_and_a_long_one_renders_the_same() -> None:
+    """The rendered-text cache holds short strings only: a user's long job name or message is rendered
+    each time (masked, quoted as json would) and never kept."""
+    from pilot import logs
+
+    long_value = "x" * 10_000 + ' "quoted"'
+    assert json.loads(logs._text(long_value)) == long_value
+    assert long_value not in logs._texts
+    assert json.loads(logs._text("COMPLETED")) == "COMPLETED"
+    assert "COMPLETED" in logs._texts
