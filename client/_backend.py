@@ -320,7 +320,7 @@ def _follow(conn: Connection, sink: StatusSink, native_id: str, raw: Any) -> Non
     if status is None or status.state not in _FINAL:
         conn.subscribe(native_id, sink)
     if status is not None:
-        conn.emit(status, [sink])
+        conn.emit(status, sink)
 
 
 def _outcomes(body: dict[str, Any], count: int) -> builtins.list[Outcome]:
