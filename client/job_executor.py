@@ -145,7 +145,7 @@ class JobExecutor:
         if pipeline is not None:
             job.executor = self
             try:
-                job._native_id = pipeline.submit(description, _PipelinedJob(job))
+                job._native_id = pipeline.submit(description, _JobSink(job))
             except BaseException:
                 job.executor = None
                 raise
@@ -192,9 +192,9 @@ class JobExecutor:
                 yield description
 
         def on_id(k: int, native_id: str) -> StatusSink:  # I/O thread, before any status of the job
-            job = todo[k][1]
-            job._native_id = native_id
-            return lambda s: _apply(job, s)
+            sink = _JobSink(todo[k][1])
+            sink.followed(native_id)
+            return sink
 
         def on_outcome(k: int, outcome: Outcome) -> None:
             i, job = todo[k]
@@ -396,8 +396,8 @@ def _apply(job: Job, report: StatusReport) -> None:
     job._set_status(status)
 
 
-class _PipelinedJob:
-    """A pipelined job's end of the connection (``client/_pipeline.py``'s JobSink): one small object per
+class _JobSink:
+    """A submitted job's end of the connection (``client/_pipeline.py``'s JobSink): one small object per
     job in flight, where a closure and partials cost several for the garbage collector to track."""
 
     __slots__ = ("job",)
