@@ -281,7 +281,8 @@ class Pipeline:
         conn.subscribe_many(follow)  # before any later frame is read: the jobs' events find their sinks
         for status, sink in statuses:
             conn.emit(status, sink)
-        self._answer_read([sid for sid in request.submit_ids if sid not in again.submit_ids])
+        retrying = set(again.submit_ids)  # a set: a frame of 2,000 refused for want of room is 2,000 lookups
+        self._answer_read([sid for sid in request.submit_ids if sid not in retrying])
         retried = 0
         if again.jobs:
             try:
