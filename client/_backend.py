@@ -302,25 +302,37 @@ def _subscribe(conn: Connection, on_id: Callable[[int, str], StatusSink], start:
     results = body.get("results")
     if not isinstance(results, list):
         return
+    follow: builtins.list[tuple[str, StatusSink]] = []
+    known: builtins.list[tuple[StatusReport, StatusSink]] = []
     for i, result in enumerate(results):
         if not isinstance(result, dict):
             continue
         if "id" in result:
-            _follow(conn, on_id(start + i, str(result["id"])), str(result["id"]), result.get("status"))
+            _follow(follow, known, on_id(start + i, str(result["id"])), str(result["id"]), result.get("status"))
         ids, statuses = result.get("ids"), result.get("statuses")
         if isinstance(ids, list):
             if not isinstance(statuses, list) or len(statuses) != len(ids):
                 statuses = [None] * len(ids)
             for k, (native_id, raw) in enumerate(zip(ids, statuses, strict=True)):
-                _follow(conn, on_id(k, str(native_id)), str(native_id), raw)
+                _follow(follow, known, on_id(k, str(native_id)), str(native_id), raw)
+    conn.subscribe_many(follow)  # one lock for the whole reply, not one per job
+    for status, sink in known:
+        conn.emit(status, sink)
 
 
-def _follow(conn: Connection, sink: StatusSink, native_id: str, raw: Any) -> None:
+def _follow(
+    follow: builtins.list[tuple[str, StatusSink]],
+    known: builtins.list[tuple[StatusReport, StatusSink]],
+    sink: StatusSink,
+    native_id: str,
+    raw: Any,
+) -> None:
+    """Note a job to follow (unless its known status is final) and its known status to deliver."""
     status = report(raw) if raw is not None else None
     if status is None or status.state not in _FINAL:
-        conn.subscribe(native_id, sink)
+        follow.append((native_id, sink))
     if status is not None:
-        conn.emit(status, [sink])
+        known.append((status, sink))
 
 
 def _outcomes(body: dict[str, Any], count: int) -> builtins.list[Outcome]:

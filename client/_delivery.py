@@ -6,8 +6,9 @@ statuses and nobody is delivering, it releases the turn (waking the other worker
 itself: a status reaches its callbacks with no thread hand-off, and a slow callback never stalls the
 socket. Shared under the table's ``_lock``: ``_ready`` (batches read and not delivered yet, in order:
 the reader appends, the worker delivering takes), ``_delivering`` (a worker runs callbacks, one batch
-at a time, in order) and ``_sinks`` (each followed job's sinks: callers subscribe, the reader pairs
-each status with them and drops them at a job's final status).
+at a time, in order) and ``_sinks`` (each followed job's sinks, a tuple replaced, never changed, so the
+reader pairs each status with them without a copy: callers subscribe, the reader drops them at a job's
+final status).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pilot.wire.messages import StatusReport
 log = structlog.get_logger("client")
 
 StatusSink = Callable[[StatusReport], None]
+#: A batch of statuses to deliver, in order: each with one sink it goes to.
+Batch = list[tuple[StatusReport, StatusSink]]
 FINAL: Final = ("COMPLETED", "FAILED", "CANCELED")
 
 
@@ -33,12 +36,12 @@ class Delivery(RequestTable):
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
-        self._sinks: dict[str, list[StatusSink]] = {}
-        #: Batches of (status, the sinks it goes to) read and not delivered yet, in order (the reader
-        #: appends, the worker delivering takes them under ``_lock``).
-        self._ready: deque[list[tuple[StatusReport, list[StatusSink]]]] = deque()
+        self._sinks: dict[str, tuple[StatusSink, ...]] = {}
+        #: Batches read and not delivered yet, in order (the reader appends, the worker delivering takes
+        #: them under ``_lock``).
+        self._ready: deque[Batch] = deque()
         #: Statuses the reader routed or its hooks emitted in this turn, in order (the reader's only).
-        self._out: list[tuple[StatusReport, list[StatusSink]]] = []
+        self._out: Batch = []
         self._delivering = False  # a worker is running callbacks (under ``_lock``)
         #: The reader's turn: held by the worker that reads the socket. Releasing it wakes the other.
         self._reading = threading.Lock()
@@ -49,19 +52,20 @@ class Delivery(RequestTable):
         """Route status updates of ``job_id`` to ``sink`` until its final one, across reconnections.
         Call from an ``on_reply`` hook to win the race with the job's first event."""
         with self._lock:
-            self._sinks.setdefault(job_id, []).append(sink)
+            self._sinks[job_id] = (*self._sinks.get(job_id, ()), sink)
 
     def subscribe_many(self, pairs: list[tuple[str, StatusSink]]) -> None:
         """:meth:`subscribe` for many jobs at once."""
         with self._lock:
             sinks = self._sinks
             for job_id, sink in pairs:
-                sinks.setdefault(job_id, []).append(sink)
+                known = sinks.get(job_id)
+                sinks[job_id] = (sink,) if known is None else (*known, sink)
 
-    def emit(self, status: StatusReport, sinks: list[StatusSink]) -> None:
-        """Deliver ``status`` to ``sinks`` after every status read before it (from a reply or lost-request
+    def emit(self, status: StatusReport, sink: StatusSink) -> None:
+        """Deliver ``status`` to ``sink`` after every status read before it (from a reply or lost-request
         hook, on the reader: a submit's QUEUED or FAILED goes in order with the events around it)."""
-        self._out.append((status, sinks))
+        self._out.append((status, sink))
 
     def _turn(self) -> None:
         """One turn of the reader (the I/O thread's work: see ``client/_reader.py``)."""
@@ -128,14 +132,13 @@ class Delivery(RequestTable):
                     self._delivering = False
                     return
                 batch = ready.popleft()
-            for status, sinks in batch:
-                for sink in sinks:
-                    try:
-                        sink(status)
-                    except Exception:
-                        log.exception("status callback failed", job=status.job_id)
+            for status, sink in batch:
+                try:
+                    sink(status)
+                except Exception:
+                    log.exception("status callback failed", job=status.job_id)
 
-    def _route(self, events: list[StatusReport], out: list[tuple[StatusReport, list[StatusSink]]]) -> None:
+    def _route(self, events: list[StatusReport], out: Batch) -> None:
         """Pair each status with its job's sinks now, on the I/O thread: the sinks a job has when its
         event is read (a hook subscribed them before), not whichever hold its id when it is dispatched."""
         with self._lock:
@@ -148,4 +151,5 @@ class Delivery(RequestTable):
                     continue
                 if status.state in FINAL:
                     del self._sinks[job_id]
-                out.append((status, list(sinks)))
+                for sink in sinks:
+                    out.append((status, sink))

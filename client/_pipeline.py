@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from client._connection import Connection
 from client._delivery import StatusSink
@@ -49,8 +49,15 @@ OUTSTANDING: Final = 2
 RETRY_DELAY: Final = 0.5
 _FINAL: Final = ("COMPLETED", "FAILED", "CANCELED")
 
-#: What the answer to one job needs: the sink maker for its native id, and the sink of its failure.
-_Job = tuple[Callable[[str], StatusSink], StatusSink]
+
+class JobSink(Protocol):
+    """One pipelined job's end of the connection: told the job's native id when the pilot has it (on
+    the reader, before any status of the job), and called with each status of the job, or with FAILED
+    if the pilot refuses it or it is given up. One object per job, in flight and while followed."""
+
+    def followed(self, native_id: str) -> None: ...
+
+    def __call__(self, status: StatusReport, /) -> None: ...
 
 
 class _Request:
@@ -63,11 +70,11 @@ class _Request:
     def __init__(self) -> None:
         self.descriptions: list[dict[str, Any]] = []
         self.submit_ids: list[str] = []
-        self.jobs: list[_Job] = []
+        self.jobs: list[JobSink] = []
         self.ticket: Ticket | None = None  # None: held by the pipeline, not handed to the connection yet
         self.counted = False  # one of the OUTSTANDING (a retry is not)
 
-    def add(self, description: dict[str, Any], submit_id: str, job: _Job) -> None:
+    def add(self, description: dict[str, Any], submit_id: str, job: JobSink) -> None:
         self.descriptions.append(description)
         self.submit_ids.append(submit_id)
         self.jobs.append(job)
@@ -86,7 +93,10 @@ class Pipeline:
         self._connection = connection
         self._timeout = request_timeout
         self._window = window
-        self._cond = threading.Condition(threading.Lock())
+        #: Held as a plain lock (C-level ``with``, cheaper than the Condition's own per take or submit);
+        #: ``_cond`` is the condition on it that waiters wait on.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._count = 0  # jobs sent (or being sent) and not answered or given up
         self._waiters = 0  # threads waiting in submit() or flush()
         self._open: _Request | None = None  # the request new jobs join while it waits to be sent
@@ -101,22 +111,15 @@ class Pipeline:
         """Jobs submitted and not yet answered by the pilot (nor given up)."""
         return self._count
 
-    def submit(
-        self,
-        description: dict[str, Any],
-        *,
-        on_id: Callable[[str], StatusSink],
-        on_failed: StatusSink,
-    ) -> str:
-        """Hand one job to the connection. ``on_id(native_id)`` is called on the connection's reader when
-        the pilot has the job, before any of its statuses, and returns the sink they go to (QUEUED first,
-        or the job's current status when the pilot had it already); ``on_failed`` gets a FAILED status
-        when the pilot refuses the job or it is given up. Raises SubmitException when the job was not
+    def submit(self, description: dict[str, Any], job: JobSink) -> str:
+        """Hand one job to the connection. ``job.followed(native_id)`` is called on the connection's reader
+        when the pilot has the job, before any of its statuses, which then go to ``job`` (QUEUED first, or
+        the job's current status when the pilot had it already); ``job`` gets a FAILED status when the
+        pilot refuses the job or it is given up. Raises SubmitException when the job was not
         sent (no room in the window within the timeout, or no pilot to send it to). Returns the job's
         id: leased from the pilot ahead (``client/_leases.py``), it is its native id and its submit id."""
         submit_id = self._ids.take()
-        job = (on_id, on_failed)
-        with self._cond:
+        with self._lock:
             if self._count >= self._window:
                 self._wait_room()
             self._count += 1
@@ -178,7 +181,7 @@ class Pipeline:
     def _wait_until(self, done: Callable[[], bool], timeout: float) -> bool:
         """Wait on ``_cond`` (notified when answers are read) until ``done()``; False at the timeout."""
         deadline = time.monotonic() + timeout
-        with self._cond:
+        with self._lock:
             self._waiters += 1
             try:
                 while not done():
@@ -193,7 +196,7 @@ class Pipeline:
     def close(self) -> None:
         """The executor closes: jobs still held here (behind ``OUTSTANDING`` unanswered requests) were
         never sent, and end FAILED saying so. Those handed to the connection are its to settle."""
-        with self._cond:
+        with self._lock:
             held, self._held = list(self._held), deque()
             self._open = None
             self._count -= sum(len(r.jobs) for r in held)
@@ -204,11 +207,11 @@ class Pipeline:
         now = time.time()
         message = "the executor was closed before the job could be sent; it was not sent"
         for request in held:
-            for _, on_failed in request.jobs:
-                on_failed(StatusReport(None, "FAILED", now, None, message, None))
+            for job in request.jobs:
+                job(StatusReport(None, "FAILED", now, None, message, None))
 
     def _wait_room(self) -> None:
-        """Under ``_cond``: wait for the window to have room, at most the request timeout."""
+        """Under ``_lock``: wait for the window to have room, at most the request timeout."""
         deadline = time.monotonic() + self._timeout
         self._waiters += 1
         try:
@@ -225,7 +228,7 @@ class Pipeline:
             self._waiters -= 1
 
     def _hand(self, conn: Connection, request: _Request) -> None:
-        """Hand a request to the connection, as one of the OUTSTANDING (``_cond`` held)."""
+        """Hand a request to the connection, as one of the OUTSTANDING (``_lock`` held)."""
         request.ticket = self._send(conn, request, delay=0.0)
         request.counted = True
         self._outstanding += 1
@@ -253,21 +256,20 @@ class Pipeline:
         again = _Request()
         now = time.time()
         for i, (result, job) in enumerate(zip(results, jobs, strict=True)):
-            on_id, on_failed = job
             if isinstance(result, dict) and "id" in result:
                 native_id = str(result["id"])
-                sink = on_id(native_id)
+                job.followed(native_id)
                 raw = result.get("status")
                 status = report(raw) if raw is not None else None
                 if status is not None:  # the job this submit id made before
                     if status.state not in _FINAL:
-                        follow.append((native_id, sink))
-                    statuses.append((status, sink))
+                        follow.append((native_id, job))
+                    statuses.append((status, job))
                 else:
-                    follow.append((native_id, sink))
+                    follow.append((native_id, job))
                     t = result.get("time")
                     when = float(t) if isinstance(t, int | float) and not isinstance(t, bool) else now
-                    statuses.append((StatusReport(native_id, "QUEUED", when, None, None, None), sink))
+                    statuses.append((StatusReport(native_id, "QUEUED", when, None, None, None), job))
             elif isinstance(result, dict) and result.get("retry"):  # refused for want of room: nothing was done
                 again.add(request.descriptions[i], request.submit_ids[i], job)
             else:
@@ -275,11 +277,12 @@ class Pipeline:
                     self._ids.drop()  # this pilot does not know the block: the next jobs get a new one
                 error = result.get("error") if isinstance(result, dict) else None
                 message = f"the pilot did not accept the job: {error}" if error else "malformed result from the pilot"
-                statuses.append((StatusReport(None, "FAILED", now, None, message, None), on_failed))
+                statuses.append((StatusReport(None, "FAILED", now, None, message, None), job))
         conn.subscribe_many(follow)  # before any later frame is read: the jobs' events find their sinks
         for status, sink in statuses:
-            conn.emit(status, [sink])
-        self._answer_read([sid for sid in request.submit_ids if sid not in again.submit_ids])
+            conn.emit(status, sink)
+        retrying = set(again.submit_ids)  # a set: a frame of 2,000 refused for want of room is 2,000 lookups
+        self._answer_read([sid for sid in request.submit_ids if sid not in retrying])
         retried = 0
         if again.jobs:
             try:
@@ -291,7 +294,7 @@ class Pipeline:
         self._settled(conn, request, len(jobs) - retried)
 
     def _answer_read(self, submit_ids: list[str]) -> None:
-        with self._cond:
+        with self._lock:
             self._unanswered.difference_update(submit_ids)
             if self._waiters:
                 self._cond.notify_all()
@@ -302,16 +305,16 @@ class Pipeline:
         self._fail_jobs(conn, request.jobs, message)
         self._settled(conn, request, len(request.jobs))
 
-    def _fail_jobs(self, conn: Connection, jobs: list[_Job], message: str) -> None:
+    def _fail_jobs(self, conn: Connection, jobs: list[JobSink], message: str) -> None:
         now = time.time()
-        for _, on_failed in jobs:
-            conn.emit(StatusReport(None, "FAILED", now, None, message, None), [on_failed])
+        for job in jobs:
+            conn.emit(StatusReport(None, "FAILED", now, None, message, None), job)
 
     def _settled(self, conn: Connection, request: _Request, count: int) -> None:
         """``count`` jobs of ``request`` are answered for; if it was one of the OUTSTANDING, the requests
         held meanwhile go now (jobs they cannot be handed over for end FAILED)."""
-        refused: list[tuple[list[_Job], str]] = []
-        with self._cond:
+        refused: list[tuple[list[JobSink], str]] = []
+        with self._lock:
             self._count -= count
             if request.counted:
                 request.counted = False

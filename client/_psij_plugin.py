@@ -54,15 +54,15 @@ class PilotJobExecutor(psij.JobExecutor):
         spec = self._check_job(job)  # NEW, has a spec, no executor yet; sets job.executor
         try:
             description = spec_to_wire(spec)
+            pipeline = self._backend.pipeline
+            if pipeline is not None:  # QUEUED (or FAILED, with the pilot's reason) follows as a status
+                job._native_id = pipeline.submit(description, _PipelinedJob(self, job))
+                return
 
             def on_id(native_id: str) -> StatusSink:  # on the I/O thread, before any status of the job
                 job._native_id = native_id
                 return lambda raw: self._apply(job, raw)
 
-            pipeline = self._backend.pipeline
-            if pipeline is not None:  # QUEUED (or FAILED, with the pilot's reason) follows as a status
-                job._native_id = pipeline.submit(description, on_id=on_id, on_failed=lambda raw: self._apply(job, raw))
-                return
             t = self._backend.submit(description, on_id)
         except InvalidJobException as exc:
             job.executor = None
@@ -173,3 +173,20 @@ def _feed(job: psij.Job) -> _Feed:
         if feed is None:
             feed = _feeds[job] = _Feed()
         return feed
+
+
+class _PipelinedJob:
+    """A pipelined job's end of the connection (``client/_pipeline.py``'s JobSink): one small object per
+    job in flight, instead of closures."""
+
+    __slots__ = ("executor", "job")
+
+    def __init__(self, executor: PilotJobExecutor, job: psij.Job) -> None:
+        self.executor = executor
+        self.job = job
+
+    def followed(self, native_id: str) -> None:
+        self.job._native_id = native_id
+
+    def __call__(self, report: StatusReport) -> None:
+        self.executor._apply(self.job, report)

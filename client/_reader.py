@@ -336,7 +336,8 @@ class Reader(Delivery):
                     log.warning("job lost by the pilot's restart", job=job_id, error=str(error))
                 if status.state in FINAL:
                     del self._sinks[job_id]
-                out.append((status, list(sinks)))
+                for sink in sinks:
+                    out.append((status, sink))
 
 
 def report(raw: Any) -> StatusReport | None:

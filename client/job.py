@@ -35,10 +35,15 @@ class Job:
         self._id: str | None = None  # made when first asked for: most jobs are never asked
         self._native_id: str | None = None
         self._status = JobStatus(JobState.NEW)
-        self._cv = threading.Condition()
+        #: Guards the status and the statuses to fire. The condition ``wait()`` blocks on is made on this
+        #: lock only when a thread has to block: a Condition is a dozen objects for the garbage collector
+        #: to track (and to walk in every full collection while the job lives), and most jobs are final
+        #: when they are waited for, or never waited for.
+        self._lock = threading.Lock()
+        self._cv: threading.Condition | None = None
         self._waiting = 0  # threads in wait(): a status notifies only when there are some
         self._callback: JobStatusCallback | None = None
-        self._to_fire: list[JobStatus] = []  # entered, not yet given to the callbacks
+        self._to_fire: list[JobStatus] | None = None  # entered while another thread fires, not given yet
         self._firing = False
         self.executor: JobExecutor | None = None
 
@@ -46,7 +51,7 @@ class Job:
     def id(self) -> str:
         job_id = self._id
         if job_id is None:
-            with self._cv:
+            with self._lock:
                 if self._id is None:
                     self._id = str(uuid.uuid4())
                 job_id = self._id
@@ -83,28 +88,35 @@ class Job:
         target_states: JobState | Sequence[JobState] | None = None,
     ) -> JobStatus | None:
         """Until a target state (or any later one) or a final state; None on timeout."""
+        status = self._status
+        if status.final:  # reached whatever the targets, and never left
+            return status
         timeout, reached = wait_terms(lambda: self._status.state, timeout, target_states)
-
-        with self._cv:
+        with self._lock:
+            if reached():
+                return self._status
+            cv = self._cv
+            if cv is None:
+                cv = self._cv = threading.Condition(self._lock)
             self._waiting += 1
             try:
-                if not self._cv.wait_for(reached, timeout):
+                if not cv.wait_for(reached, timeout):
                     return None
             finally:
                 self._waiting -= 1
             return self._status
 
     def _update(self, status: JobStatus) -> list[JobStatus]:
-        """Apply a status; returns the statuses entered, skipped ones synthesised. Never goes back."""
-        with self._cv:
-            skipped = _STEPS[(self._status.state, status.state)]
-            if skipped is None:
-                return []
-            entered = [JobStatus(s, time=_entered_at(s, status)) for s in skipped] if skipped else []
-            entered.append(status)
-            self._status = status
-            if self._waiting:
-                self._cv.notify_all()
+        """Apply a status (``_lock`` held); returns the statuses entered, skipped ones synthesised. Never
+        goes back."""
+        skipped = _STEPS[(self._status.state, status.state)]
+        if skipped is None:
+            return []
+        entered = [JobStatus(s, time=_entered_at(s, status)) for s in skipped] if skipped else []
+        entered.append(status)
+        self._status = status
+        if self._waiting and self._cv is not None:
+            self._cv.notify_all()
         return entered
 
     def _fire(self, entered: list[JobStatus]) -> None:
@@ -128,24 +140,28 @@ class Job:
         arrive on two threads (QUEUED on the submitting one, the rest on the connection's delivering
         worker), so one thread at a time fires what is queued and the other leaves its states to it. No
         lock is held while a callback runs (a callback may call ``wait``)."""
-        with self._cv:
-            self._to_fire.extend(self._update(status))
-            if self._firing or not self._to_fire:
+        with self._lock:
+            batch = self._update(status)
+            if self._to_fire is not None:  # left by a callback that raised: they go first
+                batch, self._to_fire = self._to_fire + batch, None
+            if not batch:
                 return
-            batch, self._to_fire = self._to_fire, []
+            if self._firing:
+                self._to_fire = batch
+                return
             self._firing = True
         while True:
             try:
                 self._fire(batch)
             except BaseException:
-                with self._cv:
+                with self._lock:
                     self._firing = False
                 raise
-            with self._cv:
-                if not self._to_fire:
+            with self._lock:
+                if self._to_fire is None:
                     self._firing = False
                     return
-                batch, self._to_fire = self._to_fire, []
+                batch, self._to_fire = self._to_fire, None
 
     def __repr__(self) -> str:
         return f"Job[id={self.id}, native_id={self._native_id}, {self._status}]"

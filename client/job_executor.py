@@ -141,20 +141,20 @@ class JobExecutor:
         if job.status.state is not JobState.NEW or job.executor is not None:
             raise InvalidStateException(f"job {job.id} was already submitted (state {job.status.state})")
         description = spec_to_wire(job.spec)
+        pipeline = self._backend.pipeline
+        if pipeline is not None:
+            job.executor = self
+            try:
+                job._native_id = pipeline.submit(description, _JobSink(job))
+            except BaseException:
+                job.executor = None
+                raise
+            return
 
         def on_id(native_id: str) -> StatusSink:
             job._native_id = native_id
             return functools.partial(_apply, job)
 
-        pipeline = self._backend.pipeline
-        if pipeline is not None:
-            job.executor = self
-            try:
-                job._native_id = pipeline.submit(description, on_id=on_id, on_failed=functools.partial(_apply, job))
-            except BaseException:
-                job.executor = None
-                raise
-            return
         job.executor = self
         try:
             t = self._backend.submit(description, on_id)
@@ -192,9 +192,9 @@ class JobExecutor:
                 yield description
 
         def on_id(k: int, native_id: str) -> StatusSink:  # I/O thread, before any status of the job
-            job = todo[k][1]
-            job._native_id = native_id
-            return lambda s: _apply(job, s)
+            sink = _JobSink(todo[k][1])
+            sink.followed(native_id)
+            return sink
 
         def on_outcome(k: int, outcome: Outcome) -> None:
             i, job = todo[k]
@@ -394,6 +394,22 @@ def _apply(job: Job, report: StatusReport) -> None:
     except ValueError:
         return
     job._set_status(status)
+
+
+class _JobSink:
+    """A submitted job's end of the connection (``client/_pipeline.py``'s JobSink): one small object per
+    job in flight, where a closure and partials cost several for the garbage collector to track."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def followed(self, native_id: str) -> None:
+        self.job._native_id = native_id
+
+    def __call__(self, report: StatusReport) -> None:
+        _apply(self.job, report)
 
 
 def jrdl_submitter() -> dict[str, str]:
