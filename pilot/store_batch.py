@@ -3,6 +3,8 @@ written by :meth:`pilot.store.Store.commit` in one transaction, one ``executeman
 
 from __future__ import annotations
 
+import itertools
+import operator
 import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -41,10 +43,40 @@ def _pack_ranks(ranks: Sequence[RankPlacement]) -> bytearray:
 
 #: A new job's row in ``Batch._accepted`` (the INSERT's columns): id, seq, description, submitted, then
 #: from here the fields ``job_update`` rewrites (state ... placements), then the placement (ranks), then
-#: the client's submit id.
+#: the client's submit id (ranks and submit id are always a row's last two).
 _CHANGING: Final = 4
-_RANKS: Final = 16
-_SUBMIT_ID: Final = 17
+#: Of those fields, the ones a job has none of until it runs or ends (exit code, message, Delivered,
+#: started, ended, cancel reason), and the others. A row whose ``_UNSET`` fields are all None is kept
+#: without them (:data:`_INSERT_NEW`, :data:`_UPDATE_PLAIN`): each None a statement binds costs as much
+#: as a bytes value (see :func:`blob`); the SQL writes NULL itself.
+_UNSET: Final = operator.itemgetter(2, 3, 4, 6, 7, 8)
+_SET: Final = operator.itemgetter(0, 1, 5, 9, 10, 11)
+_NONE: Final = (None,) * 6
+_COLUMNS: Final = (
+    "state, state_time, exit_code, message, metadata, phase, started, ended, cancel_reason, closing, attempt, "
+    "placements"
+)
+_INSERT: Final = (
+    f"INSERT INTO jobs (id, seq, description, submitted, {_COLUMNS}, ranks, submit_id) VALUES ({', '.join(['?'] * 18)})"
+)
+#: A job none of whose ``_UNSET`` fields is set: a 12-value row.
+_INSERT_NEW: Final = (
+    "INSERT INTO jobs (id, seq, description, submitted, state, state_time, phase, closing, attempt, placements,"
+    f" ranks, submit_id) VALUES ({', '.join(['?'] * 12)})"
+)
+_NEW_ROW: Final = 12
+_UPDATE: Final = (
+    "UPDATE jobs SET state = ?, state_time = ?, exit_code = ?, message = ?, metadata = ?, phase = ?, "
+    "started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ?, placements = ?, "
+    "ranks = coalesce(?, ranks) WHERE id = ?"
+)
+#: A job with no message, no cancel reason and no new placement (one that ran and ended plainly, or
+#: started): an 11-value row.
+_UPDATE_PLAIN: Final = (
+    "UPDATE jobs SET state = ?, state_time = ?, exit_code = ?, message = NULL, metadata = ?, phase = ?, "
+    "started = ?, ended = ?, cancel_reason = NULL, closing = ?, attempt = ?, placements = ? WHERE id = ?"
+)
+_PLAIN_ROW: Final = 11
 
 
 class Batch:
@@ -99,8 +131,8 @@ class Batch:
         ``submit_id``: the client's own id for the job (:meth:`Store.jobs_by_submit_id` finds it)."""
         raw = description.to_wire() if isinstance(description, JobDescription) else description
         self._accepted_at[job_id] = len(self._accepted)
-        changing = (state.value, submitted, None, None, None, "queued", None, None, None, 0, 0, 0)  # as job_update's
-        self._accepted.append((job_id, seq, blob(raw), submitted, *changing, None, submit_id))
+        fields = (state.value, submitted, "queued", 0, 0, 0)  # job_update's _SET fields (it has no _UNSET one)
+        self._accepted.append((job_id, seq, blob(raw), submitted, *fields, None, submit_id))
 
     def job_update(self, job: JobRecord, *, placed: bool = False) -> None:
         """The job's row as it is now: state (and, once final, exit code, message and Delivered), phase,
@@ -126,18 +158,25 @@ class Batch:
         at = self._accepted_at.get(job.id)
         if at is not None:
             row = self._accepted[at]
-            self._accepted[at] = (*row[:_CHANGING], *fields, ranks if placed else row[_RANKS], row[_SUBMIT_ID])
-            return
-        self._updates.append((*fields, ranks, job.id))
+            if not placed:
+                ranks = row[-2]
+            changing = _SET(fields) if _UNSET(fields) == _NONE else fields
+            self._accepted[at] = (*row[:_CHANGING], *changing, ranks, row[-1])
+        elif ranks is None and fields[3] is None and fields[8] is None:  # no message, cancel reason, placement
+            self._updates.append((*fields[:3], *fields[4:8], *fields[9:], job.id))
+        else:
+            self._updates.append((*fields, ranks, job.id))
 
     def job_requeued(self, job_id: str) -> None:
         """The job goes back to the queue for another attempt: its placement, processes and results so
         far are forgotten (changes for it earlier in this batch included), the new attempt's are kept."""
-        self._updates = [(*t[:-2], None, t[-1]) if t[-1] == job_id else t for t in self._updates]
+        self._updates = [
+            (*t[:-2], None, t[-1]) if t[-1] == job_id and len(t) != _PLAIN_ROW else t for t in self._updates
+        ]
         at = self._accepted_at.get(job_id)
         if at is not None:
             row = self._accepted[at]
-            self._accepted[at] = (*row[:_RANKS], None, row[_SUBMIT_ID])
+            self._accepted[at] = (*row[:-2], None, row[-1])
         self._envs = [t for t in self._envs if t[-1] != job_id]
         self._dispatched = [t for t in self._dispatched if t[0] != job_id]  # (its packed orders may stay: unused)
         self._results = [t for t in self._results if t[0] != job_id]
@@ -217,26 +256,21 @@ class Batch:
         if self._accepted:
             # The next sequence number is max(seq) + 1 when loading (job rows are never deleted); an
             # older journal's meta 'seq' row is still read.
-            db.executemany(
-                "INSERT INTO jobs (id, seq, description, submitted, state, state_time, exit_code, message, metadata,"
-                " phase, started, ended, cancel_reason, closing, attempt, placements, ranks, submit_id)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                self._accepted,
-            )
+            new = [row for row in self._accepted if len(row) == _NEW_ROW]  # (each job once: any order)
+            if new:
+                db.executemany(_INSERT_NEW, new)
+            if len(new) < len(self._accepted):
+                db.executemany(_INSERT, [row for row in self._accepted if len(row) != _NEW_ROW])
         if self._envs:
             db.executemany("UPDATE jobs SET environment = ?, unset = ? WHERE id = ?", self._envs)
         if self._dispatched:
             db.executemany("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?, ?)", self._dispatched)
         if self._results:
             db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", self._results)
-        if self._updates:
-            db.executemany(
-                "UPDATE jobs SET state = ?, state_time = ?, exit_code = ?, message = ?, metadata = ?, phase = ?, "
-                "started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ?, placements = ?, "
-                "ranks = coalesce(?, ranks) "
-                "WHERE id = ?",
-                self._updates,
-            )
+        # In the order they came (a job updated twice in a batch ends as its last row says): each run of
+        # rows of one shape in a statement.
+        for size, rows in itertools.groupby(self._updates, len):
+            db.executemany(_UPDATE_PLAIN if size == _PLAIN_ROW else _UPDATE, rows)
         if self._alloc:
             db.executemany(
                 "INSERT OR REPLACE INTO allocation VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self._alloc.values()
