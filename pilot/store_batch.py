@@ -70,6 +70,13 @@ _UPDATE: Final = (
     "started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ?, placements = ?, "
     "ranks = coalesce(?, ranks) WHERE id = ?"
 )
+#: A job none of whose ``_UNSET`` fields is set (placed, or queued again): an 8-value row.
+_UPDATE_NEW: Final = (
+    "UPDATE jobs SET state = ?, state_time = ?, exit_code = NULL, message = NULL, metadata = NULL, phase = ?, "
+    "started = NULL, ended = NULL, cancel_reason = NULL, closing = ?, attempt = ?, placements = ?, "
+    "ranks = coalesce(?, ranks) WHERE id = ?"
+)
+_NEW_UPDATE_ROW: Final = 8
 #: A job with no message, no cancel reason and no new placement (one that ran and ended plainly, or
 #: started): an 11-value row.
 _UPDATE_PLAIN: Final = (
@@ -77,6 +84,8 @@ _UPDATE_PLAIN: Final = (
     "started = ?, ended = ?, cancel_reason = NULL, closing = ?, attempt = ?, placements = ? WHERE id = ?"
 )
 _PLAIN_ROW: Final = 11
+#: Each UPDATE by the length of its rows (ranks are the second last value of all but the plain ones).
+_UPDATES: Final = {_NEW_UPDATE_ROW: _UPDATE_NEW, _PLAIN_ROW: _UPDATE_PLAIN, 14: _UPDATE}  # 14: every field
 
 
 class Batch:
@@ -162,6 +171,8 @@ class Batch:
                 ranks = row[-2]
             changing = _SET(fields) if _UNSET(fields) == _NONE else fields
             self._accepted[at] = (*row[:_CHANGING], *changing, ranks, row[-1])
+        elif _UNSET(fields) == _NONE:
+            self._updates.append((*_SET(fields), ranks, job.id))
         elif ranks is None and fields[3] is None and fields[8] is None:  # no message, cancel reason, placement
             self._updates.append((*fields[:3], *fields[4:8], *fields[9:], job.id))
         else:
@@ -267,10 +278,14 @@ class Batch:
             db.executemany("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?, ?)", self._dispatched)
         if self._results:
             db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", self._results)
-        # In the order they came (a job updated twice in a batch ends as its last row says): each run of
-        # rows of one shape in a statement.
-        for size, rows in itertools.groupby(self._updates, len):
-            db.executemany(_UPDATE_PLAIN if size == _PLAIN_ROW else _UPDATE, rows)
+        # One statement per shape of rows. A job updated twice in the batch (kept over several flushes)
+        # ends as its last row says: then the rows keep the order they came in, each run of one shape
+        # in a statement.
+        updates = self._updates
+        if len({row[-1] for row in updates}) == len(updates):  # each job once: in any order
+            updates = sorted(updates, key=len)
+        for size, rows in itertools.groupby(updates, len):
+            db.executemany(_UPDATES[size], rows)
         if self._alloc:
             db.executemany(
                 "INSERT OR REPLACE INTO allocation VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self._alloc.values()
