@@ -353,6 +353,49 @@ def test_job_accepted_and_changed_in_one_batch(tmp_path: Path) -> None:
     assert rec.next_seq == 4
 
 
+def test_a_job_updated_twice_in_one_batch_loads_as_its_last_update_says(tmp_path: Path) -> None:
+    """A batch kept open over several flushes (a journal that could not be written) holds more than one
+    update of a job, of any row shape (with or without a message, cancel reason, start or placement):
+    they are written in the order they came, and the last one decides; a placement written earlier
+    stays, unless the job was requeued since."""
+    ranks = [RankPlacement("n0", [0], [], 0)]
+    moved = [RankPlacement("n0", [1], [], 0)]
+    with Store.open(tmp_path / "j.db") as store:
+        with store.batch() as tx:
+            for i in (1, 2, 3, 4):
+                tx.job_accepted(str(i), i, _desc(i), 1.0)
+                tx.job_update(_job(str(i), _desc(i), 1.0, phase="ranks", ranks=ranks), placed=True)
+        with store.batch() as tx:
+            tx.job_update(_job("1", _desc(1), 1.0, state=JobState.ACTIVE, state_time=2.0, phase="ranks", started=2.0))
+            done = {"state": JobState.CANCELED, "state_time": 3.0, "phase": "done", "started": 2.0}
+            tx.job_update(_job("1", _desc(1), 1.0, **done, message="stopped", cancel_reason="canceled by its user"))
+            tx.job_update(_job("2", _desc(2), 1.0, state=JobState.ACTIVE, phase="ranks", cancel_reason="asked"))
+            tx.job_update(_job("2", _desc(2), 1.0, state=JobState.COMPLETED, state_time=4.0, phase="done", exit_code=0))
+            tx.job_update(_job("3", _desc(3), 1.0, phase="ranks", ranks=moved), placed=True)
+            tx.job_update(_job("3", _desc(3), 1.0, state=JobState.ACTIVE, state_time=5.0, phase="ranks", started=5.0))
+            tx.job_update(_job("4", _desc(4), 1.0, phase="ranks", ranks=moved), placed=True)
+            tx.job_requeued("4")
+            tx.job_update(_job("4", _desc(4), 1.0, phase="queued", attempt=1))
+        j1, j2, j3, j4 = store.load().jobs
+    assert (j1.state, j1.state_time, j1.message, j1.cancel_reason, j1.run.started, j1.run.ranks) == (
+        JobState.CANCELED,
+        3.0,
+        "stopped",
+        "canceled by its user",
+        2.0,
+        ranks,
+    )
+    assert (j2.state, j2.exit_code, j2.message, j2.cancel_reason, j2.run.ranks) == (
+        JobState.COMPLETED,
+        0,
+        None,
+        None,
+        ranks,
+    )
+    assert (j3.state, j3.state_time, j3.run.started, j3.run.ranks) == (JobState.ACTIVE, 5.0, 5.0, moved)
+    assert (j4.phase, j4.run.number, list(j4.run.ranks)) == (Phase.QUEUED, 1, [])
+
+
 def test_submit_ids_are_found_whatever_the_batch_did_to_the_row(tmp_path: Path) -> None:
     """A job's submit id survives being placed, requeued and ended in the batch that accepted it, and in
         later batches; jobs_by_submit_id finds each (every job under a submit id used twice, as a document's

@@ -68,15 +68,16 @@ class Admission(Part):
             return self._submit_with_ids(ident, jobs, submit_ids, refusal, again=again, room=room, limit=max_queued)
         if refusal is not None:
             return [refusal] * len(jobs)
+        fit: dict[int, Request] = {}
         if room is None or room >= len(jobs):
-            return [self._submit_one(ident, raw) for raw in jobs]
+            return [self._submit_one(ident, raw, fit=fit) for raw in jobs]
         results: list[dict[str, Any]] = []
         for raw in jobs:
             if room <= 0:
                 assert max_queued is not None
                 results.append(no_room(max_queued))
                 continue
-            result = self._submit_one(ident, raw)
+            result = self._submit_one(ident, raw, fit=fit)
             room -= _made(result)
             results.append(result)
         return results
@@ -116,6 +117,7 @@ class Admission(Part):
         client sent it again -- which this client now follows, even while new jobs are refused: they
         never run twice. The others are submitted as usual."""
         known = self._made_under([submit_id for submit_id in submit_ids if submit_id is not None], journaled=again)
+        fit: dict[int, Request] = {}
         results: list[dict[str, Any]] = []
         for raw, submit_id in zip(jobs, submit_ids, strict=True):
             made = known.get(submit_id) if submit_id is not None else None
@@ -139,7 +141,7 @@ class Admission(Part):
                 assert limit is not None
                 results.append(no_room(limit))
             else:
-                result = self._submit_one(ident, raw, submit_id=submit_id, leased=leased)
+                result = self._submit_one(ident, raw, submit_id=submit_id, leased=leased, fit=fit)
                 if submit_id is not None and ("id" in result or "ids" in result):
                     known[submit_id] = result["ids"] if "ids" in result else [result["id"]]
                 if room is not None:
@@ -178,13 +180,20 @@ class Admission(Part):
         return {"id": job_id, "status": job.status(), "name": job.description.name}
 
     def _submit_one(
-        self, ident: bytes, raw: Any, *, submit_id: str | None = None, leased: int | None = None
+        self,
+        ident: bytes,
+        raw: Any,
+        *,
+        submit_id: str | None = None,
+        leased: int | None = None,
+        fit: dict[int, Request],
     ) -> dict[str, Any]:
         """One entry of a SUBMIT request (the pilot takes new jobs: :meth:`refusal` said so), compiled by
         its language's front-end. Every job it holds is checked (launchers, whether it can ever fit,
         dependencies and cycles) before any is accepted: all are accepted or none, every one of them under
         ``submit_id`` if given. ``leased``: the id leased for the job, which it gets (a document's jobs
-        cannot have one: the pilot names them)."""
+        cannot have one: the pilot names them). ``fit``: the requests one SUBMIT already passed
+        (:meth:`_check`), by id: the jobs of a bulk submit share one request (the front-end's), checked once."""
         book = self.book
         now = self.clock.wall
         try:
@@ -198,13 +207,9 @@ class Admission(Part):
             graphed = False  # jobs without dependencies (or an id to be found by) stay out of the graph
             for i, request in enumerate(submission.requests):
                 graphed = graphed or bool(request.dependencies or request.local_id)
-                for launcher, named_by in request.launchers():
-                    self._check_launcher(launcher, what=named_by)
-                self._check_sites(request)
-                never = self.nodes.never_fits(request)
-                if never:
-                    where = request.where or "the job"
-                    raise DescriptionError(f"{where} can never run in this allocation: " + "; ".join(never))
+                if fit.get(id(request)) is not request:
+                    self._check(request)
+                    fit[id(request)] = request
                 job = JobRecord(
                     id=str(leased) if leased is not None else book.next_id(i),
                     description=request.description,
@@ -231,6 +236,17 @@ class Admission(Part):
         if submission.document:
             return {"ids": [job.id for job in records], "warnings": submission.warnings, "time": now}
         return {"id": records[0].id, "time": now}
+
+    def _check(self, request: Request) -> None:
+        """DescriptionError unless the request's launchers, sites and shape can ever run here. Depends on
+        the request and this pilot's nodes only, which one SUBMIT does not change."""
+        for launcher, named_by in request.launchers():
+            self._check_launcher(launcher, what=named_by)
+        self._check_sites(request)
+        never = self.nodes.never_fits(request)
+        if never:
+            where = request.where or "the job"
+            raise DescriptionError(f"{where} can never run in this allocation: " + "; ".join(never))
 
     def _check_sites(self, request: Request) -> None:
         """A job naming a queue, project or reservation (PSI/J ``queue_name``, ``project_name``,
