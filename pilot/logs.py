@@ -116,10 +116,8 @@ def info_lines(logger: Any, event: str, rows: Sequence[dict[str, Any]]) -> None:
 
 def _context_bound() -> bool:
     """Whether structlog's context variables hold anything (then lines go through structlog, which adds
-    them). Nothing binds any in the daemon: structlog's own list of the variables ever bound says so
-    without copying the whole context, as get_contextvars does, at every loop turn."""
-    ever = getattr(structlog.contextvars, "_CONTEXT_VARS", None)
-    return (ever is None or bool(ever)) and bool(structlog.contextvars.get_contextvars())
+    them). Asked once per batch of lines (0.2 us)."""
+    return bool(structlog.contextvars.get_contextvars())
 
 
 def _plain(row: dict[str, Any], redact: RedactSecrets) -> str | None:
