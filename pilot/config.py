@@ -29,7 +29,7 @@ class PilotSettings:
     kill_grace: float = 2.0
     log_level: str = "info"
     #: Short one-process tasks that may wait at an agent behind each busy core (0: none, up to 64).
-    backlog: int = 16
+    backlog: int = 128
     #: How agents reach the daemon: "ipc" (private socket, same machine) or "tcp" (CURVE-encrypted and
     #: authenticated); None picks ipc for a local allocation and tcp for a batch system.
     agent_transport: str | None = None
@@ -229,8 +229,8 @@ def parse(raw: dict[str, Any], *, source: str = "<config>") -> Config:
         raise ConfigError(f"{source}: pilot.agent_transport = {pilot.agent_transport!r}; allowed: 'ipc' or 'tcp'")
     if pilot.max_queued < 1:
         raise ConfigError(f"{source}: pilot.max_queued = {pilot.max_queued} must be at least 1")
-    if not 0 <= pilot.backlog <= 64:
-        raise ConfigError(f"{source}: pilot.backlog = {pilot.backlog}; allowed: 0 (off) to 64 tasks per busy core")
+    if not 0 <= pilot.backlog <= 1024:
+        raise ConfigError(f"{source}: pilot.backlog = {pilot.backlog}; allowed: 0 (off) to 1024 tasks per busy core")
     if pilot.log_level not in _LOG_LEVELS:
         raise ConfigError(f"{source}: pilot.log_level = {pilot.log_level!r}; allowed: {', '.join(_LOG_LEVELS)}")
     if not _NAME_RE.fullmatch(pilot.name):

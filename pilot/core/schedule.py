@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from itertools import islice
 
-from pilot.allocations import site_fields
+from pilot.allocations import PilotAllocation, site_fields
 from pilot.core.coallocation import co_place, stranded
 from pilot.core.lifecycle import Lifecycle
 from pilot.core.state import CoreState, Part
 from pilot.jobs import JobRecord
 from pilot.model.job_state import JobState
-from pilot.scheduler.passes import Placed
+from pilot.scheduler.passes import AllocationPass, Placed
 
 
 class Scheduler(Part):
@@ -33,6 +33,7 @@ class Scheduler(Part):
         # While auto-allocation may still add an allocation, jobs wait in the queue, where they count as
         # demand and can go to the new one, not behind a busy core of an allocation held now.
         behind = 0 if self.allocations.room_to_grow() else self.config.pilot.backlog
+        share: int | None = None  # the queue's fair share per core: no deeper behind one (see _share)
         now = self.clock.wall
         # Every allocation takes every job (no walltime, one batch system): no per-job filtering.
         open_ended = all(held.allocation.walltime is None for held, _ in passes)
@@ -68,8 +69,10 @@ class Scheduler(Part):
                         # No room now in any allocation: a short task may wait behind a busy core, unless a
                         # job of a higher priority waits in the queue (it would start after this one).
                         if behind and (left is None or request.priority >= left):
+                            if share is None:
+                                share = _share(len(queue), passes)
                             for _, p in eligible:
-                                if (placed := p.place_behind(request, depth=behind)) is not None:
+                                if (placed := p.place_behind(request, depth=min(behind, share))) is not None:
                                     break
                             if placed is not None and earlier and top is None:
                                 top = request.priority
@@ -120,3 +123,12 @@ class Scheduler(Part):
 
 #: A job with no duration of its own gets PSI/J's default: say so, or 600 s looks like the user's choice.
 _DEFAULT_NOTE = " (PSI/J's default of 10 minutes when none is set)"
+
+
+def _share(queued: int, passes: list[tuple[PilotAllocation, AllocationPass]]) -> int:
+    """How deep a pass may queue behind one busy core: the queue's fair share of the cores (at least 1).
+    Orders behind busy cores are placed node by node, so a backlog deeper than the queue can fill would
+    stack a short queue on the first nodes while the others run dry (until the waiters are taken back);
+    with the share as the limit, a queue shorter than ``backlog`` x cores spreads over every core."""
+    cores = sum(len(node.cores) for _, p in passes for node in p.nodes)
+    return max(1, -(-queued // cores)) if cores else 1
