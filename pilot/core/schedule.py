@@ -126,9 +126,15 @@ _DEFAULT_NOTE = " (PSI/J's default of 10 minutes when none is set)"
 
 
 def _share(queued: int, passes: list[tuple[PilotAllocation, AllocationPass]]) -> int:
-    """How deep a pass may queue behind one busy core: the queue's fair share of the cores (at least 1).
-    Orders behind busy cores are placed node by node, so a backlog deeper than the queue can fill would
-    stack a short queue on the first nodes while the others run dry (until the waiters are taken back);
-    with the share as the limit, a queue shorter than ``backlog`` x cores spreads over every core."""
+    """How deep a pass may queue behind one busy core: a quarter of the queue's fair share of the cores
+    (at least 1). Orders behind busy cores are committed to their node: a backlog the whole queue could
+    fill would stack a short queue on the first nodes (they are filled in turn) and, on nodes that run
+    at different speeds, leave the slower ones the last of the work while the others run dry. Three
+    quarters of a short queue stay in the daemon and go to whichever core frees first; a deep queue
+    still fills ``backlog`` behind every core."""
     cores = sum(len(node.cores) for _, p in passes for node in p.nodes)
-    return max(1, -(-queued // cores)) if cores else 1
+    return max(1, -(-queued // (_SHARE_PARTS * cores))) if cores else 1
+
+
+#: A busy core takes at most 1/_SHARE_PARTS of its fair share of the queue behind it (see _share).
+_SHARE_PARTS = 4
