@@ -63,7 +63,8 @@ def test_high_priority_jobs_start_before_every_low_one_still_queued() -> None:
 def test_orders_behind_a_busy_core_yield_to_a_higher_priority() -> None:
     env = CoreEnv(cores=1, pilot={"backlog": 4})
     env.register("n0")
-    low = submit(env, *[prio(0) for _ in range(6)])
+    # A queue deep enough that its share of the core is more than the backlog (see pilot.core.schedule._share).
+    low = submit(env, *[prio(0) for _ in range(30)])
     step = env.step()
     assert [o["job_id"] for o in step.orders("n0")] == low[:5]  # one on the core, four behind it
     env.started("n0", low[0])
