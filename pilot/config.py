@@ -28,7 +28,7 @@ class PilotSettings:
     agent_timeout: float = 5.0
     kill_grace: float = 2.0
     log_level: str = "info"
-    #: Short one-process tasks that may wait at an agent behind each busy core (0: none, up to 64).
+    #: Short one-process tasks that may wait at an agent behind each busy core (0: none, up to 1024).
     backlog: int = 128
     #: How agents reach the daemon: "ipc" (private socket, same machine) or "tcp" (CURVE-encrypted and
     #: authenticated); None picks ipc for a local allocation and tcp for a batch system.

@@ -33,7 +33,7 @@ class Scheduler(Part):
         # While auto-allocation may still add an allocation, jobs wait in the queue, where they count as
         # demand and can go to the new one, not behind a busy core of an allocation held now.
         behind = 0 if self.allocations.room_to_grow() else self.config.pilot.backlog
-        share: int | None = None  # the queue's fair share per core: no deeper behind one (see _share)
+        share: int | None = None  # no deeper than this behind one core: a quarter of the queue's share (_share)
         now = self.clock.wall
         # Every allocation takes every job (no walltime, one batch system): no per-job filtering.
         open_ended = all(held.allocation.walltime is None for held, _ in passes)
