@@ -68,7 +68,7 @@ def test_up_warns_of_a_node_pattern_that_matches_no_node(pilot_home: Path, tmp_p
 
         def status() -> str | None:
             text = cli("status", "--rundir", str(rd)).stdout
-            return text if "local-1  active" in text else None
+            return text if "local-0  active" in text and "local-1  active" in text else None
 
         text = wait_for(status, what="both agents")  # as for a batch site, whose node names come only now
         assert text.splitlines()[-1] == (
