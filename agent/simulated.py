@@ -19,7 +19,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from agent.table import take_waiting
+from agent.table import WaitingOrders
 from pilot.model.process_order import ProcessOrder
 from pilot.wire.messages import ProcessRef, TaskEvent
 
@@ -40,7 +40,7 @@ class NullEngine:
             raise ValueError(f"simulated duration must be >= 0 seconds, not {duration!r}")
         self._duration = duration
         self._running: dict[ProcessRef, _Simulated] = {}
-        self._waiting: list[ProcessOrder] = []
+        self._waiting = WaitingOrders()  # indexed by core: an exit looks only at its own cores' orders
         self._core_users: Counter[int] = Counter()
         self._due: list[tuple[float, int, ProcessRef]] = []  # (monotonic end, tie-break, ref)
         self._tie = itertools.count()
@@ -62,7 +62,7 @@ class NullEngine:
         now, mono = time.time(), time.monotonic()
         for order in orders:
             if order.after_cores and any(self._core_users[c] for c in order.cores):
-                self._waiting.append(order)
+                self._waiting.add(order)
             else:
                 self._start(order, now, mono)
         self._settle()
@@ -98,13 +98,13 @@ class NullEngine:
             self._exit(ref, run, exit_code=None, sig=int(sig))
             self._settle()
             return True
-        if take_waiting(self._waiting, ref) is None:
+        if self._waiting.take(ref) is None:
             return False
         self._events.append(TaskEvent(ref[0], ref[1], "exited", time.time(), {"reason": reason, "spawned": False}))
         return True
 
     def withdraw(self, ref: ProcessRef) -> bool:
-        if take_waiting(self._waiting, ref) is None:
+        if self._waiting.take(ref) is None:
             return False
         self._events.append(TaskEvent(ref[0], ref[1], "withdrawn", time.time(), {}))
         return True
@@ -125,7 +125,7 @@ class NullEngine:
         """Nothing outlives a simulated process."""
 
     def busy(self) -> bool:
-        return bool(self._running or self._waiting)
+        return bool(self._running or self._waiting.orders)
 
     # -- simulated processes ------------------------------------------------------------------------
 
@@ -159,16 +159,12 @@ class NullEngine:
             "simulated": True,
         }
         self._events.append(TaskEvent(ref[0], ref[1], "exited", run.started + wall, data))
-        for c in run.order.cores:
+        cores = run.order.cores
+        for c in cores:
             self._core_users[c] -= 1
-        if self._waiting:
-            waiting, self._waiting = self._waiting, []
+        if self._waiting.orders:
             now = run.started + wall  # they start the instant its cores are free, on the same clock
-            for w in waiting:
-                if any(self._core_users[c] for c in w.cores):
-                    self._waiting.append(w)
-                else:
-                    self._start(w, now, mono)
+            self._waiting.release(cores, self._core_users, lambda w: self._start(w, now, mono))
 
     def _settle(self) -> None:
         """Exit what started with no duration (and what that lets start), without recursion."""

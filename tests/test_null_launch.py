@@ -9,6 +9,7 @@ rules real launches keep: states in order, exact core ownership, walltime, cance
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -16,12 +17,16 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import Pilot
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pilot_waits import agents_active, callbacks_settled
 
 import client as psij
+from agent.simulated import NullEngine
 from client import JobState
 from pilot.config import ConfigError
 from pilot.lrm.local import LocalExecutor
+from pilot.model.process_order import ProcessOrder
 
 WAIT = 30.0
 
@@ -156,3 +161,47 @@ def test_simulated_tasks_honour_walltime_and_cancel(start_pilot: Callable[..., P
 def test_null_launch_options_are_checked(options: dict[str, object], word: str) -> None:
     with pytest.raises(ConfigError, match=word):
         LocalExecutor(options=options, source="t.toml")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    shapes=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=3, unique=True), min_size=1, max_size=30),
+    withdrawn=st.sets(st.integers(0, 29), max_size=5),
+)
+def test_simulated_orders_waiting_for_their_cores_all_run_in_turn_one_per_core(
+    shapes: list[list[int]], withdrawn: set[int]
+) -> None:
+    # In process, the engine alone: a holder on each of 4 cores, orders behind them (some withdrawn
+    # before they start), then time passes. Each order not withdrawn starts and exits once, never with
+    # another holder of one of its cores, and the orders of one core alone start in the order they came.
+    engine = NullEngine(duration=1.0)
+    holders = [ProcessOrder(f"h{c}", 0, "rank", "/bin/true", cores=[c]) for c in range(4)]
+    orders = [
+        ProcessOrder(str(i), 0, "rank", "/bin/true", cores=sorted(cores), after_cores=True)
+        for i, cores in enumerate(shapes)
+    ]
+    engine.submit(holders)
+    engine.submit(orders)
+    for i in sorted(withdrawn):
+        assert engine.withdraw((str(i), 0)) is (i < len(orders))
+    engine.poll(time.monotonic() + 1e6)  # (each start is due 1 s after it: all of it ends in this poll)
+    by_id = {o.job_id: o for o in holders + orders}
+    holding: dict[int, str] = {}
+    started: list[str] = []
+    for event in engine.drain():
+        order = by_id[event.job_id]
+        if event.kind == "started":
+            assert not any(c in holding for c in order.cores), f"{event.job_id} overlaps {holding}"
+            holding.update({c: event.job_id for c in order.cores})
+            started.append(event.job_id)
+        elif event.kind == "exited":
+            for c in order.cores:
+                assert holding.pop(c) == event.job_id
+        else:
+            assert event.kind == "withdrawn" and int(event.job_id) in withdrawn
+    expected = {str(i) for i in range(len(orders))} - {str(i) for i in withdrawn}
+    assert sorted(started) == sorted(expected | {h.job_id for h in holders}) and not holding
+    assert not engine.busy()
+    for c in range(4):
+        alone = [j for j in started if by_id[j].cores == [c] and j.isdigit()]
+        assert alone == sorted(alone, key=int), f"core {c}'s own orders out of turn: {alone}"
