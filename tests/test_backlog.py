@@ -10,6 +10,8 @@ from typing import Any
 import psutil
 import pytest
 from conftest import Pilot
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pilot_waits import agents_active, wait_for
 from test_client_resilience import Restartable, final, gated, strays  # noqa: F401 -- fixture
 
@@ -99,6 +101,36 @@ def test_a_waiter_that_ends_first_leaves_the_holder_its_core() -> None:
     assert node.free_cores == [] and not node.waiting
     node.give_back(a[0])
     assert node.free_cores == [0] and node.holders == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    cores=st.integers(1, 8),
+    depth=st.integers(1, 5),
+    before=st.lists(st.integers(0, 5), min_size=8, max_size=8),
+    wants=st.lists(st.integers(1, 3), min_size=1, max_size=40),
+)
+def test_a_pass_heap_of_the_least_queued_cores_places_as_the_full_scan_does(
+    cores: int, depth: int, before: list[int], wants: list[int]
+) -> None:
+    # The pass's heap (one-core ranks on a node with no free core) must choose what the scan of every
+    # core chooses, rank after rank, mixed with wider ranks that drop the node's heap: least queued
+    # first, low ids among equals, never past ``depth``.
+    def busy() -> NodeSlots:
+        node = _node(cores)
+        node.free_cores = []
+        node.waiting.update({c: before[c] for c in range(cores) if before[c]})
+        return node
+
+    scanned, heaped = busy(), busy()
+    least: dict[str, list[tuple[int, int]]] = {}
+    for c in wants:
+        req = ResourceRequest(cpu_cores_per_process=c)
+        a = place_behind(req, [scanned], depth=depth)
+        b = place_behind(req, [heaped], depth=depth, least=least)
+        assert (a and a[0].cores) == (b and b[0].cores)
+        assert scanned.waiting == heaped.waiting
+        assert all(heaped.waiting[x] <= max(depth, before[x]) for x in range(cores))
 
 
 def test_tasks_behind_busy_cores_never_overlap_on_a_core(start_pilot: Any, tmp_path: Path) -> None:

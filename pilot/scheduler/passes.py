@@ -19,13 +19,14 @@ Placed = tuple[list[RankPlacement], JobPlacement | None]
 class AllocationPass:
     """Start a new pass whenever resources were released or nodes changed."""
 
-    __slots__ = ("_matching", "matcher", "nodes", "resources")
+    __slots__ = ("_least", "_matching", "matcher", "nodes", "resources")
 
     def __init__(self, *, nodes: list[NodeSlots], resources: Resources, matcher: Matcher) -> None:
         self.nodes = nodes
         self.resources = resources
         self.matcher = matcher
         self._matching: SchedulingPass | None = None
+        self._least: dict[str, list[tuple[int, int]]] = {}  # (place_behind)
 
     def place(self, job_id: str, request: Request) -> Placed | None:
         """Take everything the request needs now, or nothing and None."""
@@ -55,7 +56,7 @@ class AllocationPass:
         d = request.description
         if d.pre_launch or d.post_launch:
             return None
-        ranks = place_behind(slots, self.nodes, depth=depth)
+        ranks = place_behind(slots, self.nodes, depth=depth, least=self._least)
         return None if ranks is None else (ranks, None)
 
 

@@ -7,6 +7,7 @@ Nothing here does I/O; the daemon owns one :class:`NodeSlots` per registered nod
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -193,14 +194,41 @@ def can_wait_behind(req: ResourceRequest) -> bool:
     )
 
 
-def place_behind(req: ResourceRequest, nodes: list[NodeSlots], *, depth: int = 1) -> list[RankPlacement] | None:
+def place_behind(
+    req: ResourceRequest,
+    nodes: list[NodeSlots],
+    *,
+    depth: int = 1,
+    least: dict[str, list[tuple[int, int]]] | None = None,
+) -> list[RankPlacement] | None:
     """Place one rank behind busy cores with fewer than ``depth`` ranks waiting (free cores stay free
-    for ranks that can start now), the least queued cores first; None when no node has enough."""
+    for ranks that can start now), the least queued cores first; None when no node has enough.
+
+    ``least``, one scheduling pass's (empty at its start), keeps per node a heap of its busy cores by
+    how many ranks wait behind each: one-core ranks on a node with no free core take its top, so a pass
+    filling the backlog of a 128-core node costs O(log cores) per rank, not a sort of its cores. Within a
+    pass ``waiting`` only grows by this function (a release comes between passes), so an entry is never
+    below its core's count: the heap may hold a core back, never put one past ``depth``."""
     c = req.cpu_cores_per_process
     for node in nodes:
         if not node.usable or node.exclusive_job is not None or len(node.cores) - len(node.free_cores) < c:
             continue
         waiting = node.waiting
+        if c == 1 and least is not None and not node.free_cores:
+            heap = least.get(node.name)
+            if heap is None:
+                heap = least[node.name] = [(w, x) for x in node.cores if (w := waiting.get(x, 0)) < depth]
+                heapq.heapify(heap)
+            if not heap:
+                continue
+            w, x = heap[0]
+            if w + 1 < depth:
+                heapq.heapreplace(heap, (w + 1, x))
+            else:
+                heapq.heappop(heap)
+            waiting[x] += 1
+            node.holders += 1
+            return [RankPlacement(node.name, [x], [], 0, behind=True)]
         free = set(node.free_cores)
         candidates = [x for x in node.cores if x not in free and waiting.get(x, 0) < depth]
         if len(candidates) < c:
@@ -209,6 +237,8 @@ def place_behind(req: ResourceRequest, nodes: list[NodeSlots], *, depth: int = 1
         chosen = candidates[:c]
         waiting.update(chosen)
         node.holders += 1
+        if least is not None:
+            least.pop(node.name, None)  # its heap no longer counts what waits behind these cores
         return [RankPlacement(node.name, chosen, [], 0, behind=True)]
     return None
 
