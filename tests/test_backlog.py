@@ -17,7 +17,7 @@ from test_client_resilience import Restartable, final, gated, strays  # noqa: F4
 
 import client as psij
 from pilot.model.job_description import ResourceRequest
-from pilot.scheduler.placement import NodeSlots, can_wait_behind, place, place_behind
+from pilot.scheduler.placement import BehindPass, NodeSlots, SlotTracker, can_wait_behind, place, place_behind
 
 
 def _node(cores: int = 2) -> NodeSlots:
@@ -123,14 +123,74 @@ def test_a_pass_heap_of_the_least_queued_cores_places_as_the_full_scan_does(
         return node
 
     scanned, heaped = busy(), busy()
-    least: dict[str, list[tuple[int, int]]] = {}
+    behind = BehindPass()
     for c in wants:
         req = ResourceRequest(cpu_cores_per_process=c)
         a = place_behind(req, [scanned], depth=depth)
-        b = place_behind(req, [heaped], depth=depth, least=least)
+        b = place_behind(req, [heaped], depth=depth, behind=behind)
         assert (a and a[0].cores) == (b and b[0].cores)
         assert scanned.waiting == heaped.waiting
         assert all(heaped.waiting[x] <= max(depth, before[x]) for x in range(cores))
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("release"), st.integers(0, 1000)),
+        st.tuples(
+            st.just("pass"),
+            st.integers(1, 3),
+            st.lists(st.tuples(st.sampled_from(["place", "behind"]), st.integers(1, 3)), min_size=1, max_size=12),
+        ),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=6), ops=_OPS)
+def test_a_tracked_node_set_places_exactly_as_a_look_at_every_node_does(
+    shape: list[int], ops: list[tuple[Any, ...]]
+) -> None:
+    # The scheduler's node set is tracked (SlotTracker: which nodes may have a free core, or room behind
+    # a busy one) so that a full allocation of thousands of nodes costs what changed, not a look at every
+    # node per job. The same passes (placements on free cores and behind busy ones, at several depths,
+    # with releases between) on a tracked set and on an untracked copy place every rank alike.
+    def nodes() -> list[NodeSlots]:
+        out = []
+        for i, cores in enumerate(shape):
+            n = _node(cores)
+            n.name = f"n{i}"
+            out.append(n)
+        return out
+
+    tracked, plain = nodes(), nodes()
+    SlotTracker(tracked)
+    held: list[tuple[Any, Any]] = []  # (tracked rank, plain rank)
+    for op in ops:
+        if op[0] == "release":
+            if held:
+                a, b = held.pop(op[1] % len(held))
+                tracked[int(a.node[1:])].give_back(a)
+                plain[int(b.node[1:])].give_back(b)
+            continue
+        _, depth, steps = op
+        passes = BehindPass(), BehindPass()
+        for kind, c in steps:
+            req = ResourceRequest(cpu_cores_per_process=c)
+            if kind == "place":
+                a, b = place(req, tracked, job_id="j"), place(req, plain, job_id="j")
+            else:
+                a = place_behind(req, tracked, depth=depth, behind=passes[0])
+                b = place_behind(req, plain, depth=depth, behind=passes[1])
+            assert (a and [(r.node, r.cores) for r in a]) == (b and [(r.node, r.cores) for r in b])
+            if a and b:
+                held += list(zip(a, b, strict=True))
+        for x, y in zip(tracked, plain, strict=True):
+            assert (x.free_cores, x.waiting) == (y.free_cores, y.waiting)
+    tracker = tracked[0].tracker
+    assert tracker is not None and tracker.free_nodes == sum(1 for n in tracked if n.free_cores)
+    assert all(not n.free_cores for n in tracked[: tracker.mark])
 
 
 def test_tasks_behind_busy_cores_never_overlap_on_a_core(start_pilot: Any, tmp_path: Path) -> None:

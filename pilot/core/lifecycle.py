@@ -152,7 +152,7 @@ class Lifecycle(Part):
         waited that long (in a stream of short tasks that is rare)."""
         behind = self.book.behind
         now = self.clock.mono
-        if not behind or now - next(iter(behind.values())) < RECLAIM_AFTER:
+        if not behind or now - next(iter(behind.values())) < RECLAIM_AFTER or self.nodes.none_free():
             return
         free = {
             name: len(node.free_cores) for name, node in self.nodes.slots.items() if node.usable and node.free_cores

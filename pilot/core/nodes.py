@@ -28,6 +28,7 @@ from pilot.scheduler.cluster import Cluster, idle_cluster
 from pilot.scheduler.distribution import Resources, why_not
 from pilot.scheduler.matching import Matcher
 from pilot.scheduler.passes import AllocationPass
+from pilot.scheduler.placement import SlotTracker
 
 log = structlog.get_logger("pilot.core")
 
@@ -74,12 +75,16 @@ class NodeBook:
         #: The usable nodes in registration order, per node set: each scheduling pass starts from them
         #: (rebuilt per pass, ten thousand nodes cost more than the pass itself).
         self._usable: list[NodeSlots] | None = None
+        self._tracker: SlotTracker | None = None  # of ``_usable``: where its passes may find room
 
     def invalidate(self) -> None:
         """The node sets changed: what can ever fit is judged again."""
         self._fits.clear()
         self._idle = None
         self._usable = None
+        if self._tracker is not None:
+            self._tracker.detach()
+            self._tracker = None
 
     def register(self, node: NodeConfigured) -> AgentRecord:
         self.invalidate()
@@ -153,6 +158,10 @@ class NodeBook:
                 return True
         return False
 
+    def none_free(self) -> bool:
+        """Known without a look at every node: no node a pass places on has a free core."""
+        return self._tracker is not None and self._usable is not None and not self._tracker.free_nodes
+
     def free_cores(self) -> int:
         return sum(len(n.free_cores) for n in self.slots.values() if n.usable)
 
@@ -220,6 +229,7 @@ class NodeBook:
             nodes = self._usable
             if nodes is None:
                 nodes = self._usable = [n for n in self.slots.values() if n.usable]
+                self._tracker = SlotTracker(nodes)
             return [AllocationSlots(usable[0], nodes, self.resources)]
         out = []
         for h in usable:

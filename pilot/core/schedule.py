@@ -14,6 +14,7 @@ from pilot.core.state import CoreState, Part
 from pilot.jobs import JobRecord
 from pilot.model.job_state import JobState
 from pilot.scheduler.passes import AllocationPass, Placed
+from pilot.scheduler.placement import core_count
 
 
 class Scheduler(Part):
@@ -132,7 +133,7 @@ def _share(queued: int, passes: list[tuple[PilotAllocation, AllocationPass]]) ->
     at different speeds, leave the slower ones the last of the work while the others run dry. Three
     quarters of a short queue stay in the daemon and go to whichever core frees first; a deep queue
     still fills ``backlog`` behind every core."""
-    cores = sum(len(node.cores) for _, p in passes for node in p.nodes)
+    cores = sum(core_count(p.nodes) for _, p in passes)
     return max(1, -(-queued // (_SHARE_PARTS * cores))) if cores else 1
 
 

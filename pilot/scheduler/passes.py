@@ -10,7 +10,7 @@ from __future__ import annotations
 from pilot.request import Request
 from pilot.scheduler.distribution import JobPlacement, JobRequest, Resources, SchedulingPass
 from pilot.scheduler.matching import Matcher
-from pilot.scheduler.placement import NodeSlots, RankPlacement, can_wait_behind, place, place_behind
+from pilot.scheduler.placement import BehindPass, NodeSlots, RankPlacement, can_wait_behind, place, place_behind
 
 #: Where a job was placed: a rank per process slot, and (for task groups) which task holds which.
 Placed = tuple[list[RankPlacement], JobPlacement | None]
@@ -19,14 +19,14 @@ Placed = tuple[list[RankPlacement], JobPlacement | None]
 class AllocationPass:
     """Start a new pass whenever resources were released or nodes changed."""
 
-    __slots__ = ("_least", "_matching", "matcher", "nodes", "resources")
+    __slots__ = ("_behind", "_matching", "matcher", "nodes", "resources")
 
     def __init__(self, *, nodes: list[NodeSlots], resources: Resources, matcher: Matcher) -> None:
         self.nodes = nodes
         self.resources = resources
         self.matcher = matcher
         self._matching: SchedulingPass | None = None
-        self._least: dict[str, list[tuple[int, int]]] = {}  # (place_behind)
+        self._behind = BehindPass()
 
     def place(self, job_id: str, request: Request) -> Placed | None:
         """Take everything the request needs now, or nothing and None."""
@@ -56,7 +56,7 @@ class AllocationPass:
         d = request.description
         if d.pre_launch or d.post_launch:
             return None
-        ranks = place_behind(slots, self.nodes, depth=depth, least=self._least)
+        ranks = place_behind(slots, self.nodes, depth=depth, behind=self._behind)
         return None if ranks is None else (ranks, None)
 
 
