@@ -100,6 +100,7 @@ class Batch:
         "_alloc",
         "_dispatched",
         "_envs",
+        "_forgot",
         "_meta",
         "_nodes",
         "_packed_orders",
@@ -118,6 +119,8 @@ class Batch:
         self._envs: list[tuple[Any, ...]] = []
         self._alloc: dict[int, tuple[Any, ...]] = {}
         self._requeued: list[tuple[str]] = []
+        #: Requeued job -> how long _updates, _envs, _dispatched and _results were when it was (_prune).
+        self._forgot: dict[str, tuple[int, int, int, int]] = {}
         self._updates: list[tuple[Any, ...]] = []
         self._nodes: list[tuple[str, bytes]] = []
         self._meta: list[tuple[str, bytes]] = []
@@ -181,17 +184,30 @@ class Batch:
     def job_requeued(self, job_id: str) -> None:
         """The job goes back to the queue for another attempt: its placement, processes and results so
         far are forgotten (changes for it earlier in this batch included), the new attempt's are kept."""
-        self._updates = [
-            (*t[:-2], None, t[-1]) if t[-1] == job_id and len(t) != _PLAIN_ROW else t for t in self._updates
-        ]
         at = self._accepted_at.get(job_id)
         if at is not None:
             row = self._accepted[at]
             self._accepted[at] = (*row[:-2], None, row[-1])
-        self._envs = [t for t in self._envs if t[-1] != job_id]
-        self._dispatched = [t for t in self._dispatched if t[0] != job_id]  # (its packed orders may stay: unused)
-        self._results = [t for t in self._results if t[0] != job_id]
+        # What the batch holds of it so far is dropped when it is written (_prune): a look at the whole
+        # batch per requeued job would cost O(batch) each, and a flush may requeue thousands.
+        self._forgot[job_id] = (len(self._updates), len(self._envs), len(self._dispatched), len(self._results))
         self._requeued.append((job_id,))
+
+    def _prune(self) -> None:
+        """Forget what requeued jobs' earlier attempts wrote into this batch (:meth:`job_requeued`): their
+        rows from before the requeue lose their placement; their environments, processes and results
+        go (its packed orders may stay: unused)."""
+        forgot = self._forgot
+        if not forgot:
+            return
+        self._updates = [
+            (*t[:-2], None, t[-1]) if (m := forgot.get(t[-1])) is not None and i < m[0] and len(t) != _PLAIN_ROW else t
+            for i, t in enumerate(self._updates)
+        ]
+        self._envs = [t for i, t in enumerate(self._envs) if (m := forgot.get(t[-1])) is None or i >= m[1]]
+        self._dispatched = [t for i, t in enumerate(self._dispatched) if (m := forgot.get(t[0])) is None or i >= m[2]]
+        self._results = [t for i, t in enumerate(self._results) if (m := forgot.get(t[0])) is None or i >= m[3]]
+        forgot.clear()
 
     def node_registered(self, node: NodeConfigured) -> None:
         """A node's agent registered: a restarted daemon expects it back."""
@@ -258,6 +274,7 @@ class Batch:
         )
 
     def write(self, db: sqlite3.Connection) -> None:
+        self._prune()
         if self._requeued:  # first: the new attempt's records below must survive
             db.executemany("DELETE FROM processes WHERE job_id = ?", self._requeued)
             db.executemany("DELETE FROM results WHERE job_id = ?", self._requeued)

@@ -353,6 +353,50 @@ def test_job_accepted_and_changed_in_one_batch(tmp_path: Path) -> None:
     assert rec.next_seq == 4
 
 
+def test_a_requeue_forgets_only_the_attempts_before_it_in_the_batch(tmp_path: Path) -> None:
+    """Requeued in the middle of a batch (and again, for job 2): what its earlier attempts wrote into the
+    batch (processes, results, the pre_launch environment, its placement) is forgotten, what came after
+    the last requeue is kept, and other jobs' rows between them are untouched."""
+    ranks = [RankPlacement("n0", [0], [], 0)]
+    moved = [RankPlacement("n1", [1], [], 0)]
+    with Store.open(tmp_path / "j.db") as store:
+        with store.batch() as tx:
+            for i in (1, 2, 3):
+                tx.job_accepted(str(i), i, _desc(i), 1.0)
+        with store.batch() as tx:
+            for jid in ("1", "2", "3"):
+                tx.job_update(_job(jid, _desc(int(jid)), 1.0, phase="ranks", ranks=ranks), placed=True)
+                tx.process_dispatched(jid, PlannedProcess("n0", _order(jid, 0), [0]))
+                tx.pre_launch_environment(jid, {"OLD": jid}, [])
+            tx.process_result("1", 1, ProcessResult("n0", "rank", exit_code=3))
+            tx.job_requeued("1")
+            tx.process_dispatched("1", PlannedProcess("n1", _order("1", 0), [0]))  # right at the requeue
+            tx.job_requeued("2")
+            tx.process_result("3", 1, ProcessResult("n0", "rank", exit_code=0))  # another job's, kept
+            tx.job_update(_job("2", _desc(2), 1.0, phase="ranks", ranks=ranks, attempt=1), placed=True)
+            tx.process_dispatched("2", PlannedProcess("n0", _order("2", 0), [0]))
+            tx.job_requeued("2")
+            tx.job_update(_job("1", _desc(1), 1.0, phase="ranks", ranks=moved, attempt=1), placed=True)
+            tx.process_result("1", 2, ProcessResult("n1", "rank", exit_code=0))
+            tx.job_update(_job("2", _desc(2), 1.0, phase="queued", attempt=2))
+        j1, j2, j3 = store.load().jobs
+    assert (j1.run.number, j1.run.ranks, j1.run.environment) == (1, moved, None)
+    assert {s: p.node for s, p in j1.run.processes.items()} == {0: "n1"} and list(j1.run.results) == [2]
+    assert (j2.phase, j2.run.number, list(j2.run.ranks), dict(j2.run.processes), j2.run.results) == (
+        Phase.QUEUED,
+        2,
+        [],
+        {},
+        {},
+    )
+    assert (j3.run.ranks, list(j3.run.processes), list(j3.run.results), j3.run.environment) == (
+        ranks,
+        [0],
+        [1],
+        {"OLD": "3"},
+    )
+
+
 def test_a_job_updated_twice_in_one_batch_loads_as_its_last_update_says(tmp_path: Path) -> None:
     """A batch kept open over several flushes (a journal that could not be written) holds more than one
     update of a job, of any row shape (with or without a message, cancel reason, start or placement):

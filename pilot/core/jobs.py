@@ -69,6 +69,9 @@ class JobBook:
         self._dirty: set[JobRecord] = set()  # rows changed since the last commit
         self._placed: set[JobRecord] = set()  # ... whose placement changed
         self._results: list[tuple[JobRecord, int, ProcessResult]] = []
+        #: Jobs whose attempt was given up since the last seal -> how many results came before (those
+        #: are of the old attempt: not written).
+        self._forgot: dict[JobRecord, int] = {}
         #: Jobs that ended since the last flush: they leave memory once it sent their final status
         #: (the journal keeps them), so memory follows the unfinished work only.
         self._retired: list[JobRecord] = []
@@ -145,7 +148,7 @@ class JobBook:
         """The job's attempt was given up (it is placed afresh): nothing of it is written any more."""
         self.outbox.journal.job_requeued(job.id)
         self._placed.discard(job)
-        self._results = [r for r in self._results if r[0] is not job]
+        self._forgot[job] = len(self._results)  # its results so far are not written (seal)
         self._dirty.add(job)
 
     # -- admission and dependencies -----------------------------------------------------------------
@@ -323,7 +326,11 @@ class JobBook:
         placed = self._placed
         for job in self._dirty:
             tx.job_update(job, placed=job in placed)
-        for job, slot, result in self._results:
+        results, forgot = self._results, self._forgot
+        if forgot:
+            results = [r for i, r in enumerate(results) if i >= forgot.get(r[0], 0)]
+            forgot.clear()
+        for job, slot, result in results:
             if not job.final:  # a final job's Delivered is in its row: its process results are not needed
                 tx.process_result(job.id, slot, result)
         self._dirty.clear()
