@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import anyio
 import structlog
+import zmq
 
 import pilot
 from pilot import history, logs, lrm, site, views, wire
@@ -359,18 +360,26 @@ class Daemon:
             self._clock()
             if self._checkpointing is not None:
                 # Agents only (their heartbeats keep them alive through a long checkpoint), until it ends.
-                for frames in drain(agents, _DRAIN):
-                    self._on_agent(frames)
+                self._read_agents(agents)
                 with anyio.move_on_after(0.1):
                     await self._checkpointing.wait()
                 continue
             self._abandoned_read = False  # read again before this turn's first submit (see _handle_client)
             for frames in drain(clients, _DRAIN):
                 self._on_client(frames)
-            for frames in drain(agents, _DRAIN):
-                self._on_agent(frames)
+            self._read_agents(agents)
             self._flush()
             await self._waiter.wait()
+
+    def _read_agents(self, agents: zmq.Socket[Any]) -> None:
+        """The agents' frames waiting (up to _DRAIN). When that was all of them, every heartbeat sent
+        before this turn began has been read: silence is judged up to then (Agents.heard_until)."""
+        start = self.core.clock.mono
+        batch = drain(agents, _DRAIN)
+        for frames in batch:
+            self._on_agent(frames)
+        if len(batch) < _DRAIN:
+            self.core.agents.heard_until = start
 
     def _read_abandoned(self) -> None:
         """Submit ids a local client gave up on (appended to the run directory's list, which any daemon

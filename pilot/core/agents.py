@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 
 import structlog
 
@@ -41,6 +42,9 @@ class Agents(Part):
         #: deadline if it was heard meanwhile: no tick, nor heartbeat, walks every agent.
         self._due: list[tuple[float, int, AgentRecord]] = []
         self._tie = itertools.count()
+        #: The shell's word (monotonic): every agent frame that had arrived by then has been read. Silence
+        #: after it is not the agents' (their heartbeats may wait unread while the daemon is behind).
+        self.heard_until = math.inf
         #: Per allocation: its expected nodes' names, built once (a REGISTER checks its name there).
         self._expected: dict[str, tuple[int, int, frozenset[str]]] = {}
 
@@ -255,10 +259,14 @@ class Agents(Part):
 
     def check_heartbeats(self) -> None:
         """Agents silent for ``agent_timeout`` of the daemon's own running time are lost: silence that
-        falls inside the daemon's pauses (:meth:`Clock.awake`) is not theirs. Only the agents due are
-        looked at: one heap entry per active agent, pushed again when it was heard since."""
+        falls inside the daemon's pauses (:meth:`Clock.awake`) is not theirs, nor silence since the
+        daemon last read every agent frame that had come (``heard_until``: a busy daemon may be behind
+        in reading them; up to one more ``agent_timeout``, so that a daemon that never catches up still
+        finds a dead node). Only the agents due are looked at: one heap entry per active agent, pushed
+        again when it was heard since."""
         timeout = self.config.pilot.agent_timeout
         clock = self.clock
+        unread = min(timeout, max(0.0, clock.mono - self.heard_until))
         due, agents = self._due, self.nodes.agents
         while due and due[0][0] <= clock.mono:
             _, _, agent = heapq.heappop(due)
@@ -267,7 +275,7 @@ class Agents(Part):
             if clock.mono - agent.last_seen <= timeout:
                 heapq.heappush(due, (agent.last_seen + timeout, next(self._tie), agent))
                 continue
-            silent = clock.awake(agent.last_seen)
+            silent = clock.awake(agent.last_seen) - unread
             if silent > timeout:
                 self.gone(agent, f"node {agent.name} lost: its agent sent no heartbeat for {silent:.1f} s")
             else:  # part of the silence was the daemon's own pause: look again once the rest may be over

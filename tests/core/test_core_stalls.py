@@ -76,6 +76,39 @@ def test_silence_while_the_daemon_ran_still_counts_around_a_pause() -> None:
     assert status[1] == JobState.FAILED.value and "no heartbeat for 5.5 s" in status[4], status
 
 
+def test_silence_the_daemon_has_not_read_yet_is_not_the_agents_but_is_only_forgiven_so_long() -> None:
+    # A busy daemon (its loop ran, so no pause) that is behind in reading the agents' frames: what it has
+    # not read may hold the heartbeats (the shell says up to when it has read them all: heard_until).
+    env = CoreEnv(nodes=2, cores=1)
+    env.register("n0")
+    env.register("n1")
+    (jid,) = env.submit(true())
+    env.step()
+    env.started("n0", jid)
+    env.step()
+    env.core.agents.heard_until = env.clock.mono  # every frame read up to now
+    env.advance(8.0)  # n0 then n1 silent 8 s, none of it read: 3 s more than agent_timeout
+    env.core.on_tick()
+    env.step()
+    assert [env.core.nodes.agents[n].state for n in ("n0", "n1")] == ["active", "active"]
+    env.heartbeat("n0")  # the frames that waited are read: n0 had spoken, n1 had not
+    env.core.agents.heard_until = env.clock.mono
+    env.advance(2.0)  # (n1 is looked at again when the rest of its silence may be over)
+    env.core.on_tick()
+    env.step()
+    assert [env.core.nodes.agents[n].state for n in ("n0", "n1")] == ["active", "lost"]
+    assert env.job(jid).state is JobState.ACTIVE
+    # Still behind from here on, and n0 dead: forgiven one agent_timeout of unread time, no more.
+    env.advance(7.0)
+    env.core.on_tick()
+    assert env.core.nodes.agents["n0"].state == "active"  # 9 s silent, 5 of them unread: 4 s
+    env.advance(1.5)
+    env.core.on_tick()
+    env.step()
+    assert env.core.nodes.agents["n0"].state == "lost"
+    assert env.state(jid) is JobState.FAILED and "no heartbeat for 5.5 s" in env.told(jid)[4]
+
+
 def test_agents_that_have_not_come_are_not_reported_missing_for_the_daemon_pause() -> None:
     env = CoreEnv(nodes=2, pilot={"agent_start_timeout": 10.0})
     env.register("n0")
