@@ -14,18 +14,17 @@ allocation would grow with the node count.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from bench.null_launch import null_run
+    from bench.report import saved
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, nargs="+", default=[1000, 8000])
@@ -64,11 +63,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     label = f"full allocation, {big} sim. nodes x {args.cores} cores, daemon us/task"
     print(f"{label:<66}{med[big]:>8.0f}{med[small]:>10.0f}{med[big] / med[small]:>7.2f}")
     print(f"baseline = the same at {small} nodes; {args.waves} tasks per core ending at ~{args.rate:.0f}/s")
-    out = {"date": time.strftime("%Y-%m-%d"), "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs}
-    out["median_daemon_us_per_task"] = med
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
-    return out
+    return saved({"runs": runs, "median_daemon_us_per_task": med}, args)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ CPU their heartbeats cost.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -132,6 +131,8 @@ def compare(
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from bench.report import saved
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--cores", type=int, default=64, help="cores per simulated node")
@@ -164,10 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{args.nodes} nodes in {big['agent_processes']:.0f} agent process(es), "
         f"RSS {big['agent_rss'] / 2**20:.0f} MiB"
     )
-    out.update({"date": time.strftime("%Y-%m-%d"), "args": {k: str(v) for k, v in vars(args).items()}})
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
-    return out
+    return saved(out, args)
 
 
 if __name__ == "__main__":

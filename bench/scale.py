@@ -15,7 +15,6 @@ baseline). Targets: registered in <= 60 s; idle <= 5 % of a cpu; per task within
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -106,6 +105,8 @@ def compare(home: Path, *, nodes: int, cores: int, tasks: int, nodes_per_agent: 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from bench.report import saved
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--cores", type=int, default=128, help="cores per simulated node")
@@ -145,10 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     for what, figure, target, met in rows:
         print(f"  {what:<68}{figure:>12}{target:>12}{'yes' if met else 'no':>5}")
-    out.update({"date": time.strftime("%Y-%m-%d"), "args": {k: str(v) for k, v in vars(args).items()}})
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
-    return out
+    return saved(out, args)
 
 
 if __name__ == "__main__":
