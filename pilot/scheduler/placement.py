@@ -44,8 +44,8 @@ class NodeSlots:
     holders: int = 0  # ranks currently placed here
     usable: bool = True
     #: The scheduler's tracker of the node set this node is in (None for copies), and its place there.
-    tracker: SlotTracker | None = None
-    pos: int = 0
+    tracker: SlotTracker | None = field(default=None, compare=False, repr=False)
+    pos: int = field(default=0, compare=False, repr=False)
 
     @classmethod
     def from_configured(cls, node: NodeConfigured) -> NodeSlots:
