@@ -19,15 +19,6 @@ from pilot.model.process_order import ProcessOrder
 from pilot.wire.messages import ProcessRef, TaskEvent
 
 
-def take_waiting(waiting: list[ProcessOrder], ref: ProcessRef) -> ProcessOrder | None:
-    """Remove and return the order of ``ref`` from orders that wait for their cores (a KILL or a
-    WITHDRAW of one not started), or None when none waits."""
-    for i, order in enumerate(waiting):
-        if (order.job_id, order.slot) == ref:
-            return waiting.pop(i)
-    return None
-
-
 class WaitingOrders:
     """Orders that wait for their cores, first come first served, indexed by core: an exit looks only at
     the orders on the cores it freed, not at every one waiting (that scan, ~30 orders deep on a busy

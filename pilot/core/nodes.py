@@ -160,7 +160,7 @@ class NodeBook:
 
     def none_free(self) -> bool:
         """Known without a look at every node: no node a pass places on has a free core."""
-        return self._tracker is not None and self._usable is not None and not self._tracker.free_nodes
+        return self._tracker is not None and not self._tracker.free_nodes  # (no tracker: nodes changed)
 
     def free_cores(self) -> int:
         return sum(len(n.free_cores) for n in self.slots.values() if n.usable)
