@@ -23,7 +23,7 @@ import structlog
 import zmq
 
 import pilot
-from pilot import history, logs, lrm, site, views, wire
+from pilot import history, job_log, lrm, site, views, wire
 from pilot.acquisition import Acquisition
 from pilot.allocations import AllocationBook, PilotAllocation, Site
 from pilot.config import Config
@@ -571,7 +571,7 @@ class Daemon:
         self._packed_orders = None
         self.delivery.flush(out.replies, out.statuses)
         self._start_effects(out.effects)
-        logs.info_lines(_jobs_log, "job ended", core.book.take_ended())  # after the sends: off their path
+        job_log.log_ended(_jobs_log, core.book.take_ended())  # after the sends: off their path
         if core.admission.draining and not self._stop.is_set() and not core.book.unfinished():
             log.info("drained: every accepted job has ended")
             self._stop.set()

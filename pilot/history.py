@@ -43,7 +43,7 @@ def keep(rows: Iterable[dict[str, Any]], path: Path) -> None:
             db.executescript(_SCHEMA)
             db.executemany(
                 "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
+                (  # (a generator: executemany takes one row at a time)
                     (
                         r["id"],
                         r["submitted"],
@@ -57,7 +57,7 @@ def keep(rows: Iterable[dict[str, Any]], path: Path) -> None:
                         json.dumps(r, default=str),
                     )
                     for r in rows
-                ],
+                ),
             )
         db.close()
     except (sqlite3.Error, OSError) as exc:

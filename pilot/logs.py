@@ -15,13 +15,15 @@ import json as _json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring_ascii as _quote
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import structlog
 
 from pilot.security import RedactSecrets, mask_text
+
+R = TypeVar("R")
 
 
 def configure(*, level: str = "info", stream: TextIO | None = None, json: bool | None = None) -> None:
@@ -68,8 +70,11 @@ _TEXTS_MOST = 4096
 _TEXT_LONGEST = 256
 
 
-def _text(value: str) -> str:
-    """``value`` masked and quoted as a JSON string."""
+def json_string(value: str) -> str:
+    """``value`` masked and quoted as a JSON string. ASCII digits (a job's id, new on every line) are
+    their own JSON and name no secret: quoted at once, not kept."""
+    if value.isdigit() and value.isascii():
+        return '"' + value + '"'
     out = _texts.get(value)
     if out is None:
         out = _quote(mask_text(value))
@@ -89,26 +94,48 @@ def info_lines(logger: Any, event: str, rows: Sequence[dict[str, Any]]) -> None:
     A row of plain fields (strings, numbers, lists of strings, under names that are neither a secret's
     nor an environment's) is rendered here in one pass; any other row goes through ``RedactSecrets`` and
     json's encoder."""
-    if not rows:
+    info_lines_of(logger, event, rows, fields=_as_fields)
+
+
+def _as_fields(row: dict[str, Any]) -> dict[str, Any]:
+    return row
+
+
+def info_lines_of(
+    logger: Any,
+    event: str,
+    items: Sequence[R],
+    *,
+    fields: Callable[[R], dict[str, Any]],
+    body: Callable[[R], str | None] | None = None,
+) -> None:
+    """:func:`info_lines` of ``fields(item)`` for each item. ``body``, when given, renders an item's
+    fields as :func:`_plain` would (``"k": v, ...``, strings through :func:`json_string`) without
+    building them first, or returns None to leave the item to the general path: a line that comes once
+    per job rendered by a function written for it."""
+    if not items:
         return
     direct = _direct
     if direct is None or _context_bound():
-        for row in rows:
-            logger.info(event, **row)
+        for item in items:
+            logger.info(event, **fields(item))
         return
     out, redact = direct
     stamp = datetime.datetime.now(tz=datetime.UTC).isoformat().replace("+00:00", "Z")
     # The fields every line ends with, rendered once: what json renders of {"event": ..., "level": "info",
     # "timestamp": ...}, without its encoder's set-up (a loop turn often ends one job or two).
-    end = ', "event": ' + _text(event) + ', "level": "info", "timestamp": ' + _quote(stamp) + "}"
+    end = ', "event": ' + json_string(event) + ', "level": "info", "timestamp": ' + _quote(stamp) + "}"
     lines = []
-    for row in rows:
-        body = _plain(row, redact)
-        if body is None:
-            tail = {"event": mask_text(event), "level": "info", "timestamp": stamp}
-            lines.append(_encode({**redact(None, "info", dict(row)), **tail}))
-        else:
-            lines.append("{" + body + end if body else "{" + end[2:])
+    for item in items:
+        text = body(item) if body is not None else None
+        if text is None:
+            row = fields(item)
+            text = _plain(row, redact)
+            if text is None:
+                tail = {"event": mask_text(event), "level": "info", "timestamp": stamp}
+                lines.append(_encode({**redact(None, "info", dict(row)), **tail}))
+                continue
+        lines.append("{" + text + end if text else "{" + end[2:])
     lines.append("")
     out.write("\n".join(lines))
     out.flush()
@@ -132,7 +159,7 @@ def _plain(row: dict[str, Any], redact: RedactSecrets) -> str | None:
             key = _keys[k] = _quote(k) + ": "
         t = type(v)
         if t is str:
-            parts.append(key + _text(v))
+            parts.append(key + json_string(v))
         elif v is None:
             parts.append(key + "null")
         elif t is int:
@@ -142,7 +169,7 @@ def _plain(row: dict[str, Any], redact: RedactSecrets) -> str | None:
         elif t is bool:
             parts.append(key + ("true" if v else "false"))
         elif t is list and all(type(x) is str for x in v):
-            parts.append(key + "[" + ", ".join([_text(x) for x in v]) + "]")
+            parts.append(key + "[" + ", ".join([json_string(x) for x in v]) + "]")
         else:
             return None
     return ", ".join(parts)

@@ -112,7 +112,74 @@ def test_only_short_values_are_kept_rendered_and_a_long_one_renders_the_same() -
     from pilot import logs
 
     long_value = "x" * 10_000 + ' "quoted"'
-    assert json.loads(logs._text(long_value)) == long_value
+    assert json.loads(logs.json_string(long_value)) == long_value
     assert long_value not in logs._texts
-    assert json.loads(logs._text("COMPLETED")) == "COMPLETED"
+    assert json.loads(logs.json_string("COMPLETED")) == "COMPLETED"
     assert "COMPLETED" in logs._texts
+
+
+ENDED = textwrap.dedent(
+    """
+    import json, sys, structlog
+    from pilot import job_log
+    from pilot.jobs import JobRecord
+    from pilot.logs import configure
+    from pilot.model.job_description import RUN_TAG, JobDescription
+    from pilot.model.job_state import JobState
+    configure(level="info", json=True, stream=sys.stdout)
+    log = structlog.get_logger("t")
+    for case in json.loads(sys.argv[1]):
+        d = JobDescription(executable="/bin/true", name=case["name"])
+        if case["run"] is not None:
+            d.custom_attributes[RUN_TAG] = case["run"]
+        job = JobRecord(id=case["id"], description=d, state=JobState(case["state"]), exit_code=case["code"],
+                        message=case["message"], metadata=case["metadata"])
+        log.info("job ended", **job_log.fields(job))
+        job_log.log_ended(log, [job])
+        print(json.dumps(job_log.body(job) is not None))
+    """
+)
+
+
+def test_a_job_end_renders_as_structlog_renders_its_fields() -> None:
+    """The 'job ended' line of a job, written by its own renderer (or, for fields of unusual types, by
+    the general path), is byte for byte the line structlog writes from the same fields."""
+
+    def case(job_id: str, metadata: dict[str, Any] | None, **other: Any) -> dict[str, Any]:
+        return dict(
+            dict(id=job_id, name=None, state="COMPLETED", code=0, message=None, run=None), metadata=metadata, **other
+        )
+
+    cases = [
+        case("1", {"nodes": ["local-0"], "processors": 1, "wall_duration": 0.0012345678}),
+        case(
+            "22",
+            {"nodes": ["n-1", "pw=x PASSWORD=hunter2"], "processors": 64, "wall_duration": 3},
+            name='/bin/app API_TOKEN=t0k3n \u00fc "q"',
+            state="FAILED",
+            code=-9,
+            message="killed: PASSWORD=hunter2",
+            run="r\u00e9 1",
+        ),
+        case("333", None, name="x", state="CANCELED", code=None, message="canceled"),
+        case("4", {"nodes": ["a"], "processors": 1, "wall_duration": 1e300 * 1e300}),
+        case("5", {"nodes": ["a", 7], "processors": 2.5, "wall_duration": 0.5}),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", ENDED, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        check=True,
+    )
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3 * len(cases), lines
+    stamp = re.compile(r'"timestamp": "[^"]*"')
+    for i, case in enumerate(cases):
+        by_structlog, at_once, rendered_here = lines[3 * i : 3 * i + 3]
+        assert stamp.sub("", at_once) == stamp.sub("", by_structlog), case
+        assert json.loads(rendered_here) is (i < 3), "the renderer of its own for the usual types only"
+    assert "t0k3n" not in proc.stdout and "hunter2" not in proc.stdout
+    first = json.loads(lines[1])
+    assert first["job"] == "1" and first["wall"] == 0.001235 and first["nodes"] == ["local-0"]

@@ -18,7 +18,6 @@ from pilot.core.leases import MOST, Leases
 from pilot.core.outbox import Outbox
 from pilot.core.phase import NEXT, IllegalMove, Phase
 from pilot.jobs import JobRecord, ProcessResult
-from pilot.model.job_description import RUN_TAG
 from pilot.model.job_state import JobState
 from pilot.scheduler.dag import JobGraph, Outcome, Verdict
 from pilot.scheduler.queue import JobQueue
@@ -75,9 +74,9 @@ class JobBook:
         #: Jobs that ended since the last flush: they leave memory once it sent their final status
         #: (the journal keeps them), so memory follows the unfinished work only.
         self._retired: list[JobRecord] = []
-        #: One log line's fields per job that ended since the shell last took them (:meth:`take_ended`):
-        #: the shell writes them all at once, outside the core.
-        self._ended: list[dict[str, Any]] = []
+        #: Jobs that ended since the shell last took them (:meth:`take_ended`) for its log, where it writes
+        #: their lines all at once, outside the core.
+        self._ended: list[JobRecord] = []
         self._alone: dict[bytes, tuple[bytes]] = {}  # see _followers
 
     # -- the state machine --------------------------------------------------------------------------
@@ -119,7 +118,7 @@ class JobBook:
             job.message = message
             job.metadata = metadata or {}
             self._retired.append(job)
-            self._ended.append(_ended(job))
+            self._ended.append(job)
         self._dirty.add(job)
         status = job.status()
         statuses = self.outbox.statuses
@@ -340,8 +339,8 @@ class JobBook:
     def committed(self) -> None:
         self.fresh_by_submit_id.clear()  # the journal has them now
 
-    def take_ended(self) -> list[dict[str, Any]]:
-        """The 'job ended' log lines' fields gathered since the last take, oldest first."""
+    def take_ended(self) -> list[JobRecord]:
+        """The jobs that ended since the last take, oldest first (for the 'job ended' log lines)."""
         ended, self._ended = self._ended, []
         return ended
 
@@ -351,19 +350,3 @@ class JobBook:
             if job.final and not job.run.processes:
                 self.jobs.pop(job.id, None)
         self._retired.clear()
-
-
-def _ended(job: JobRecord) -> dict[str, Any]:
-    """The fields of a job end's info line in the daemon's log: what 'grep' and log tools find after the fact."""
-    m = job.metadata or {}
-    return dict(
-        job=job.id,
-        name=job.description.name,
-        state=job.state.value,
-        exit_code=job.exit_code,
-        nodes=m.get("nodes") or [],
-        processors=m.get("processors", 0),
-        wall=round(float(m.get("wall_duration") or 0.0), 6),
-        run=job.description.custom_attributes.get(RUN_TAG),
-        message=job.message,
-    )
