@@ -614,7 +614,8 @@ def w_scale(home: Path, s: Sizes) -> list[Row]:
     from bench.scale import TARGET_IDLE, TARGET_RATIO, TARGET_UP_S, compare
 
     nodes, cores, tasks = s.pick(2000, 10_000), 128, s.pick(2000, 10_000)
-    out = compare(home, nodes=nodes, cores=cores, tasks=tasks, nodes_per_agent=1000, idle=s.pick(5, 10))
+    rounds = s.pick(1, 3)
+    out = compare(home, nodes=nodes, cores=cores, tasks=tasks, nodes_per_agent=1000, idle=s.pick(5, 10), rounds=rounds)
     big, base = out["big"], out["base"]
     what = f"{nodes:,} sim. nodes x {cores} cores, {big['agent_processes']} agent processes"
     b, o = big["daemon_us_per_task"], base["daemon_us_per_task"]
@@ -645,7 +646,7 @@ def w_scale(home: Path, s: Sizes) -> list[Row]:
         ),
         Row(
             "scale/task",
-            f"{what}: {tasks:,} null-launch tasks, submit_all()",
+            f"{what}: {tasks:,} null-launch tasks, submit_all() (median of {rounds} windows per pilot)",
             b,
             "daemon µs/task",
             o,
