@@ -149,30 +149,47 @@ class Lifecycle(Part):
         could use is free (the task ahead of them turned out long, or the stream's tail is uneven): one
         per free core, oldest first. An agent that already started one ignores the request. Called
         every flush while jobs wait behind cores: it looks at the nodes only once the oldest of them has
-        waited that long (in a stream of short tasks that is rare)."""
+        waited that long (in a stream of short tasks that is rare), and then at as many nodes with a
+        free core as the jobs it asks back need, not at every node."""
         behind = self.book.behind
         now = self.clock.mono
         if not behind or now - next(iter(behind.values())) < RECLAIM_AFTER or self.nodes.none_free():
             return
-        free = {
-            name: len(node.free_cores) for name, node in self.nodes.slots.items() if node.usable and node.free_cores
-        }
-        if not free:
-            return
-        room = sum(free.values())
-        for job_id, since in list(behind.items()):
-            if room <= 0 or now - since < RECLAIM_AFTER:
+        spare = self.nodes.with_free_cores()
+        free: dict[str, int] = {}  # the nodes with a free core looked at so far -> how many
+        room = 0  # their free cores not yet given to a job asked back
+        asked: list[tuple[JobRecord, int, PlannedProcess]] = []
+        for job_id, since in behind.items():
+            if now - since < RECLAIM_AFTER:
                 break  # oldest first: the rest waited less
             job = self.book.jobs.get(job_id)
             if job is None or job.phase is not Phase.BEHIND or len(job.run.processes) != 1:
                 continue
             (slot, plan) = next(iter(job.run.processes.items()))
             held = self.allocations.of_node(plan.node)
-            if held is None or not any(n in held.nodes and c >= len(plan.order.cores) for n, c in free.items()):
+            if held is None:
+                continue
+            need = len(plan.order.cores)
+            fit = any(n in held.nodes and c >= need for n, c in free.items())
+            # Look at more nodes until one fits with room left, or none is left to look at: the same
+            # answer a look at every node would give.
+            while room <= 0 or not fit:
+                more = next(spare, None)
+                if more is None:
+                    break
+                name, count = more
+                free[name] = count
+                room += count
+                fit = fit or (name in held.nodes and count >= need)
+            if room <= 0:
+                break
+            if not fit:
                 continue  # no core it could use is free in its own allocation
+            asked.append((job, slot, plan))
+            room -= need
+        for job, slot, plan in asked:  # (moving a job changes ``behind``: not while iterating it)
             self.book.move(job, Phase.WITHDRAWING)
             self.outbox.withdraws[plan.node].append([plan.order.job_id, slot])
-            room -= len(plan.order.cores)
 
     def yield_to(self, priority: int, *, among: list[str]) -> None:
         """Ask back the orders waiting behind busy cores at agents (``among``: those sent before a job of

@@ -8,7 +8,7 @@ allocation closes or is released).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,6 +161,26 @@ class NodeBook:
     def none_free(self) -> bool:
         """Known without a look at every node: no node a pass places on has a free core."""
         return self._tracker is not None and not self._tracker.free_nodes  # (no tracker: nodes changed)
+
+    def with_free_cores(self) -> Iterator[tuple[str, int]]:
+        """(name, free cores) of each usable node with a free core, in registration order, produced as
+        asked: with one allocation, from the first node that may have one, and no further than the
+        last (the tracker counts them), so a caller that needs a few looks at a few."""
+        tracker = self._tracker
+        if tracker is None:
+            for name, node in self.slots.items():
+                if node.usable and node.free_cores:
+                    yield name, len(node.free_cores)
+            return
+        nodes, left = tracker.nodes, tracker.free_nodes
+        i = tracker.first_free()
+        while left and i < len(nodes):
+            node = nodes[i]
+            if node.free_cores:
+                left -= 1
+                if node.usable:
+                    yield node.name, len(node.free_cores)
+            i += 1
 
     def free_cores(self) -> int:
         return sum(len(n.free_cores) for n in self.slots.values() if n.usable)
