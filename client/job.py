@@ -112,7 +112,8 @@ class Job:
         skipped = _STEPS[(self._status.state, status.state)]
         if skipped is None:
             return []
-        entered = [JobStatus(s, time=_entered_at(s, status)) for s in skipped] if skipped else []
+        since = self._status.time if self._status.state is not JobState.NEW else None  # (NEW: this clock's)
+        entered = _synthesised(skipped, since, status) if skipped else []
         entered.append(status)
         self._status = status
         if self._waiting and self._cv is not None:
@@ -165,6 +166,33 @@ class Job:
 
     def __repr__(self) -> str:
         return f"Job[id={self.id}, native_id={self._native_id}, {self._status}]"
+
+
+def _synthesised(skipped: tuple[JobState, ...], since: float | None, status: JobStatus) -> list[JobStatus]:
+    """Statuses for the states ``status`` skipped, timed by :func:`_entered_at` and kept in order: none
+    after a later one's (an instant job's QUEUED, timed at its end, would otherwise come after its
+    ACTIVE, timed at its process's start) and none before the time of the state the job was in
+    (``since``: the agent's clock may be behind the daemon's), unless ``status`` itself is."""
+    end = status.time
+    if since is not None and end is not None and since > end:
+        since = end
+    if len(skipped) == 1:  # (the common case: a short task's ACTIVE, timed at or before its end)
+        t = _entered_at(skipped[0], status)
+        return [JobStatus(skipped[0], time=since if t is not None and since is not None and t < since else t)]
+    stamps = [_entered_at(s, status) for s in skipped]
+    later = end
+    for i in range(len(stamps) - 1, -1, -1):
+        t = stamps[i]
+        if t is not None and later is not None and t > later:
+            stamps[i] = t = later
+        later = t if t is not None else later
+    out = []
+    for s, t in zip(skipped, stamps, strict=True):
+        if t is not None and since is not None and t < since:
+            t = since
+        since = t if t is not None else since
+        out.append(JobStatus(s, time=t))
+    return out
 
 
 def _entered_at(skipped: JobState, status: JobStatus) -> float | None:
