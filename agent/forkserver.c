@@ -35,7 +35,7 @@
 #define MAX_BODY (64u << 20) /* far above any ARG_MAX: a request this big is the agent's bug */
 #define STACK_SIZE (64 * 1024)
 
-enum { STEP_NONE, STEP_REQUEST, STEP_AFFINITY, STEP_RLIMIT, STEP_STREAMS, STEP_CWD, STEP_SESSION, STEP_EXEC, STEP_CLONE };
+enum { STEP_NONE, STEP_REQUEST, STEP_AFFINITY, STEP_RLIMIT, STEP_STREAMS, STEP_CWD, STEP_PGROUP, STEP_EXEC, STEP_CLONE };
 
 struct task {
     const char *path, *cwd;
@@ -77,8 +77,11 @@ static int child(void *arg) {
     }
     if (t->cwd[0] && chdir(t->cwd) != 0)
         return fail(t, STEP_CWD);
-    if (setsid() < 0)
-        return fail(t, STEP_SESSION);
+    /* A process group of its own, in the agent's session (the agents' launchers start them in sessions
+     * without a terminal). Not a session of its own: a session leader's exit costs each task ~15 us
+     * more CPU, 2 % of a /bin/true. */
+    if (setpgid(0, 0) < 0)
+        return fail(t, STEP_PGROUP);
     execve(t->path, t->argv, t->envp);
     return fail(t, STEP_EXEC);
 }

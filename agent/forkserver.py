@@ -6,7 +6,7 @@ tens of MiB for ``/bin/true``. Each spawner thread therefore starts its tasks th
 own (``forkserver.c``): a small static C program that gets the request over a unix socket (argv, the
 environment, the directory, the three streams as SCM_RIGHTS, the cpus, the limits) and starts the task
 with ``clone(CLONE_VM | CLONE_VFORK | CLONE_PARENT)``. The task is the agent's child, not the
-helper's: the agent waits for it by pid or pidfd with its rusage as before, and session, process group,
+helper's: the agent waits for it by pid or pidfd with its rusage as before, and process group,
 marks and kills do not change. A helper started by a pinned spawner inherits its cpu, and so do its
 tasks.
 
@@ -62,7 +62,7 @@ _STEP_NAMES: Final = {
     3: "setting the resource limits",
     4: "redirecting the streams",
     5: "changing directory",
-    6: "creating the session",
+    6: "creating its process group",
     7: "exec",
     8: "clone",
 }

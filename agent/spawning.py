@@ -1,8 +1,8 @@
 """Spawner threads: orders become processes off the event loop.
 
 Through the spawner's helper (:mod:`agent.forkserver`, so that a task's max_rss is its own), else
-``posix_spawn``; without a shell, new session so the whole tree can be signalled (and marked, so that what
-leaves that session is found too: :mod:`agent.trees`), pinned by the spawning
+``posix_spawn``; without a shell, in a process group of its own so the whole tree can be signalled (and
+marked, so that what leaves that group is found too: :mod:`agent.trees`), pinned by the spawning
 thread's own affinity, which the child (and the helper) inherits: one spawner per real cpu that one-cpu orders use,
 pinned to it once and for all, and one general spawner that sets its affinity around each order that
 spans several cpus. With pidfds, a pinned spawner whose cpu is one declared core waits for its task
@@ -317,7 +317,7 @@ class Spawners:
                         stdout=streams[1],
                         stderr=streams[2],
                         close_fds=True,
-                        start_new_session=True,
+                        process_group=0,
                         preexec_fn=_limits(order.rlimits) if order.rlimits else None,
                     )
                     pid = popen.pid
@@ -452,9 +452,9 @@ class Spawners:
     ) -> int:
         """What ``Popen`` does for a task, for less than half its CPU: ``posix_spawn`` (vfork and exec;
         ``os.posix_spawn`` holds the GIL until the child has exec'd, which measured better than
-        releasing it: fewer GIL hand-offs) in the task's directory (this thread's own cwd), new session, SIGPIPE and
-        SIGXFSZ back to default, only fds 0-2 inherited (every other fd is close-on-exec: _seal_fds),
-        the executable found in the task's own PATH."""
+        releasing it: fewer GIL hand-offs) in the task's directory (this thread's own cwd), a process group
+        of its own, SIGPIPE and SIGXFSZ back to default, only fds 0-2 inherited (every other fd is
+        close-on-exec: _seal_fds), the executable found in the task's own PATH."""
         if spawner.cwd != cwd:
             os.chdir(cwd)  # this thread's cwd only (_own_cwd)
             spawner.cwd = cwd
@@ -471,7 +471,7 @@ class Spawners:
             actions = [
                 (os.POSIX_SPAWN_DUP2, devnull if fd == subprocess.DEVNULL else fd, i) for i, fd in enumerate(streams)
             ]
-        return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_SIGNALS)
+        return os.posix_spawn(path, argv, env, file_actions=actions, setpgroup=0, setsigdef=_DEFAULT_SIGNALS)
 
     def _explain(self, exc: OSError, argv: list[str], cwd: str, env: Mapping[str, str]) -> str:
         node = self._node.name

@@ -1,7 +1,8 @@
 """A task's whole tree: what a task started dies with it, also what left its process group or session.
 
-A task runs in a session of its own and the engine signals that session's process group; a descendant
-that called ``setsid`` (or double-forked into a session of its own, as daemons do) is not in it. So:
+A task runs in a process group of its own (in the agent's session) and the engine signals that group;
+a descendant that called ``setsid`` or ``setpgid`` (or double-forked into a session of its own, as
+daemons do) is not in it. So:
 
 - The agent is the child subreaper of its descendants (Linux ``PR_SET_CHILD_SUBREAPER``): a descendant
   whose parent dies is re-parented to the agent, not to init. Every process a task started so stays

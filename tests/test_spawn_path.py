@@ -44,7 +44,9 @@ def is_open(fd):
 json.dump({
     "cwd": os.getcwd(),
     "fds": [fd for fd in range(3, 1024) if is_open(fd)],
-    "sid_is_pid": os.getsid(0) == os.getpid(),
+    "pgid_is_pid": os.getpgid(0) == os.getpid(),
+    "sid": os.getsid(0),
+    "parent_sid": os.getsid(os.getppid()),
     "affinity": sorted(os.sched_getaffinity(0)),
     "streams": [os.readlink(f"/proc/self/fd/{fd}") for fd in range(3)],
 }, open(sys.argv[1], "w"))
@@ -90,7 +92,8 @@ def test_tasks_get_their_directory_only_fds_0_to_2_default_sigpipe_own_session_a
         seen = json.loads((d / f"report-{i}.json").read_text())
         assert seen["cwd"] == str(d)
         assert seen["fds"] == [], f"the task inherited fds {seen['fds']}"
-        assert seen["sid_is_pid"]
+        assert seen["pgid_is_pid"], "a process group of its own: the engine signals it whole"
+        assert seen["sid"] == seen["parent_sid"], "in its agent's session (a session leader costs more CPU)"
         assert len(seen["affinity"]) == 1, seen["affinity"]
         assert seen["streams"] == ["/dev/null"] * 3, seen["streams"]  # it named none
 
