@@ -20,34 +20,35 @@ def log_ended(logger: Any, jobs: list[JobRecord]) -> None:
     logs.info_lines_of(logger, EVENT, jobs, fields=fields, body=body)
 
 
+def _values(job: JobRecord) -> tuple[Any, ...]:
+    """The line's values, in the order of its fields: the one place that says what the line holds."""
+    m = job.metadata or {}
+    d = job.description
+    return (
+        job.id,
+        d.name,
+        job.state.value,
+        job.exit_code,
+        m.get("nodes") or [],
+        m.get("processors", 0),
+        round(float(m.get("wall_duration") or 0.0), 6),
+        d.custom_attributes.get(RUN_TAG),
+        job.message,
+    )
+
+
+_FIELDS = ("job", "name", "state", "exit_code", "nodes", "processors", "wall", "run", "message")
+
+
 def fields(job: JobRecord) -> dict[str, Any]:
     """The line's fields, in their order."""
-    m = job.metadata or {}
-    return dict(
-        job=job.id,
-        name=job.description.name,
-        state=job.state.value,
-        exit_code=job.exit_code,
-        nodes=m.get("nodes") or [],
-        processors=m.get("processors", 0),
-        wall=round(float(m.get("wall_duration") or 0.0), 6),
-        run=job.description.custom_attributes.get(RUN_TAG),
-        message=job.message,
-    )
+    return dict(zip(_FIELDS, _values(job), strict=True))
 
 
 def body(job: JobRecord) -> str | None:
     """:func:`fields` rendered as :func:`pilot.logs.info_lines_of` renders plain fields; None when one
     of them is not of the type it nearly always is (then the general path renders it)."""
-    m = job.metadata or {}
-    nodes = m.get("nodes") or []
-    processors = m.get("processors", 0)
-    wall = round(float(m.get("wall_duration") or 0.0), 6)
-    code = job.exit_code
-    d = job.description
-    name = d.name
-    run = d.custom_attributes.get(RUN_TAG)
-    message = job.message
+    job_id, name, state, code, nodes, processors, wall, run, message = _values(job)
     if type(nodes) is not list or type(processors) is not int or wall - wall != 0:  # (json writes inf as Infinity)
         return None
     if len(nodes) == 1:  # (nearly every job: one string, rendered as the list's loop would)
@@ -73,8 +74,8 @@ def body(job: JobRecord) -> str | None:
     if message is not None and type(message) is not str:
         return None
     return (
-        f'"job": {json_string(job.id)}, "name": {"null" if name is None else json_string(name)}, '
-        f'"state": {json_string(job.state.value)}, "exit_code": {ended}, "nodes": [{listed}], '
+        f'"job": {json_string(job_id)}, "name": {"null" if name is None else json_string(name)}, '
+        f'"state": {json_string(state)}, "exit_code": {ended}, "nodes": [{listed}], '
         f'"processors": {int.__repr__(processors)}, "wall": {float.__repr__(wall)}, '
         f'"run": {"null" if run is None else json_string(run)}, '
         f'"message": {"null" if message is None else json_string(message)}'
