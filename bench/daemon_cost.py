@@ -1,0 +1,241 @@
+"""The daemon's CPU per task, measured in this one process: its own code, on its real sockets and journal.
+
+    python -m bench.daemon_cost [--tasks 20000] [--batch 1000] [--nodes 1] [--cores 64] [--repeat 5]
+
+A real :class:`pilot.daemon.Daemon` (journal, core, codec, delivery to clients, the 'job ended' log
+lines) is fed what a client and its agents send, from DEALER sockets in this process over ipc: SUBMIT
+frames of ``/bin/true`` PSI/J jobs as the client encodes them, with submit ids as every default executor
+mints them, and for each LAUNCH an agent gets, one TASK_EVENTS frame with each order's exit as
+``agent.processes`` reports it. Each turn of the daemon (``Daemon.turn``, and the journal checkpoint
+when one is due, which the daemon runs in a worker thread) is timed by this thread's CPU clock;
+ZeroMQ's I/O thread is not counted. Nothing else runs meanwhile: no task, agent process or client
+competes for the cpus, so a change of a few per cent in the daemon's own cost shows through the
+noise the end-to-end rows (``bench/null_launch.py``) carry. Prints each run and the median of
+``--repeat`` runs, each on a fresh daemon and journal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import zmq
+
+from pilot import config as config_mod
+from pilot.allocations import PilotAllocation
+from pilot.lrm.base import Allocation, AllocationState
+from pilot.model.job_state import JobState
+from pilot.model.node import NodeConfigured
+from pilot.rundir import RunDir
+from pilot.wire import Kind
+from pilot.wire.messages import Register, Submit, TaskEvent, TaskEvents, encode
+
+
+def _description() -> dict[str, Any]:
+    """A ``/bin/true`` job as the PSI/J client puts it on the wire."""
+    import client as psij
+    from client._translate import spec_to_wire
+
+    return spec_to_wire(psij.JobSpec(executable="/bin/true"))
+
+
+def _exit(order: dict[str, Any], now: float) -> list[Any]:
+    """The exit event an agent sends for a short task that ran ``order`` (its start carried along)."""
+    data = {
+        "pid": 4242,
+        "started": now - 0.001,
+        "exit_code": 0,
+        "signal": None,
+        "wall_duration": 0.001,
+        "user_cpu_time": 0.0004,
+        "system_cpu_time": 0.0003,
+        "max_rss": 1 << 20,
+        "processors": len(order.get("cores", [])),
+        "reason": None,
+    }
+    return TaskEvent(order["job_id"], order["slot"], "exited", now, data).to_wire()
+
+
+class Harness:
+    """One daemon in this process, with a client and ``nodes`` agents as sockets of this process."""
+
+    def __init__(self, home: Path, *, nodes: int, cores: int) -> None:
+        from pilot.daemon import Daemon
+
+        raw = {"pilot": {}, "allocation": {"lrm": "local", "nodes": nodes, "cores_per_node": cores}}
+        cfg = config_mod.parse(raw, source="<bench.daemon_cost>")
+        self.daemon = d = Daemon(config=cfg, rundir=RunDir(home / "run"), embedded=True)
+        d.rundir.create()
+        anyio.run(d._open_journal)
+        site = d.allocations.sites[0]
+        now = time.time()
+        alloc = Allocation(
+            native_id="bench", lrm="local", state=AllocationState.ACTIVE, nodes=nodes, submitted=now, started=now
+        )
+        d.allocations.held["a1"] = PilotAllocation("a1", site, alloc)
+        sock_dir = d.rundir.socket_dir()
+        d.endpoints.clients.bind(f"ipc://{sock_dir / 'client.sock'}")
+        d.endpoints.agents.bind(f"ipc://{sock_dir / 'agent.sock'}")
+        ctx = d.endpoints.ctx
+        self.client = ctx.socket(zmq.DEALER)
+        self.client.setsockopt(zmq.ROUTING_ID, b"bench-client")
+        self.client.connect(f"ipc://{sock_dir / 'client.sock'}")
+        self.agents: dict[str, zmq.Socket[bytes]] = {}
+        self.seq: dict[str, int] = {}
+        for i in range(nodes):
+            name = f"local-{i}"
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.ROUTING_ID, name.encode())
+            sock.connect(f"ipc://{sock_dir / 'agent.sock'}")
+            self.agents[name] = sock
+            self.seq[name] = 0
+            node = NodeConfigured(name=name, hostname=name, processors=list(range(cores)), memory=64 << 30)
+            sock.send(encode(Register(node, values={})))
+        self.cpu = 0.0  # the daemon's turns, thread CPU seconds
+        self.turns = 0
+        self._wait_for(lambda: len(d.core.nodes.agents) == nodes, "agents registered")
+        for sock in self.agents.values():
+            while sock.poll(0):
+                sock.recv()  # REGISTERED
+
+    def _turn(self) -> None:
+        """One turn of the daemon (Daemon.turn: its I/O loop without the wait), timed."""
+        d = self.daemon
+        t0 = time.thread_time()
+        d.turn()
+        store = d.store
+        if store is not None and store.commits % 8 == 0 and store.checkpoint_due():  # (the daemon: a worker thread)
+            store.checkpoint()
+        self.cpu += time.thread_time() - t0
+        self.turns += 1
+
+    def _wait_for(self, done: Any, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the daemon in this process: no {what} after 30 s")
+            time.sleep(0.0005)
+            self._turn()
+
+    def run(self, tasks: int, batch: int) -> None:
+        from client._requests import SubmitIds
+
+        description = _description()
+        submit_ids = SubmitIds()
+        d = self.daemon
+        book = d.core.book
+        sent = 0
+        rid = 0
+        done = 0
+        deadline = time.monotonic() + 60 + tasks / 100
+        while done < tasks:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the daemon in this process ended {done} of {tasks} jobs in time")
+            if sent < tasks and book.unfinished() < 2 * batch:
+                n = min(batch, tasks - sent)
+                rid += 1
+                ids: list[str | None] = list(submit_ids.take(n))
+                self.client.send(encode(Submit(rid, [description] * n, ids)))
+                sent += n
+                self._wait_for(lambda: self.client.poll(0), "reply")
+            for name, sock in self.agents.items():
+                now = time.time()
+                events = []
+                while sock.poll(0):
+                    body = _launch_orders(sock.recv())
+                    events += [_exit(o, now) for o in body]
+                if events:
+                    self.seq[name] += 1
+                    wire = [TaskEvent.from_wire(e) for e in events]
+                    sock.send(encode(TaskEvents(tuple(wire), self.seq[name])))
+            time.sleep(0.0002)  # the frames reach the daemon's sockets
+            self._turn()
+            while self.client.poll(0):
+                done += _finals(self.client.recv())
+
+    def close(self) -> None:
+        for sock in (self.client, *self.agents.values()):
+            sock.close(linger=0)
+        if self.daemon.store is not None:
+            self.daemon.store.close()
+        self.daemon.endpoints.close()
+
+
+def _launch_orders(frame: bytes) -> list[dict[str, Any]]:
+    import msgpack
+
+    _, kind, body = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    return list(body.get("orders", [])) if kind == Kind.LAUNCH else []
+
+
+def _finals(frame: bytes) -> int:
+    import msgpack
+
+    _, kind, body = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    if kind != Kind.EVENTS:
+        return 0
+    return sum(1 for s in body.get("events", []) if s[1] in ("COMPLETED", "FAILED", "CANCELED"))
+
+
+def measure(*, tasks: int, batch: int, nodes: int, cores: int) -> dict[str, Any]:
+    """One fresh daemon: ``tasks`` jobs through it; its CPU per task (µs), its turns, and how many jobs
+    it ended COMPLETED and logged as ended."""
+    from pilot.collector import collect_rarely
+    from pilot.logs import configure
+
+    with tempfile.TemporaryDirectory(prefix="daemon-cost-") as home:
+        log = open(Path(home) / "daemon.log", "w")  # the 'job ended' lines, written as the daemon writes them
+        try:
+            configure(level="info", stream=log, json=True)
+            collect_rarely()
+            h = Harness(Path(home), nodes=nodes, cores=cores)
+            try:
+                h.cpu, h.turns = 0.0, 0
+                h.run(tasks, batch)
+                completed = h.daemon.core.book.counts[JobState.COMPLETED]
+            finally:
+                h.close()
+        finally:
+            log.close()
+        ended = sum(1 for line in (Path(home) / "daemon.log").read_text().splitlines() if '"job ended"' in line)
+    return {"us_per_task": h.cpu / tasks * 1e6, "turns": h.turns, "completed": completed, "logged_ended": ended}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", type=int, default=20_000)
+    ap.add_argument("--batch", type=int, default=1000, help="jobs per SUBMIT frame")
+    ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--cores", type=int, default=64, help="cores per node")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    args = ap.parse_args(argv)
+    runs = []
+    for i in range(args.repeat):
+        r = measure(tasks=args.tasks, batch=args.batch, nodes=args.nodes, cores=args.cores)
+        runs.append(r)
+        print(f"  run {i + 1}: daemon {r['us_per_task']:.1f} µs/task, {r['turns']} turns", file=sys.stderr)
+    out = {
+        "runs": runs,
+        "median_us_per_task": statistics.median(r["us_per_task"] for r in runs),
+        "tasks": args.tasks,
+        "nodes": args.nodes,
+        "cores": args.cores,
+    }
+    print(f"daemon CPU per task: {out['median_us_per_task']:.1f} µs (median of {args.repeat})")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PILOT_HOME", tempfile.gettempdir())
+    main()
