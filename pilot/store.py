@@ -59,15 +59,19 @@ CHECKPOINT_BYTES: Final = 4 << 20
 #: 2: several allocations (id = the n of its key a<n>), each with its site; 3: a job's submit id (its
 #: client's own id for it: pipelined submits), indexed, so a submit sent again after a lost answer finds
 #: the job it made the first time; 4: that column and its index renamed from key and jobs_key to
-#: submit_id and jobs_submit_id; 5: how many times each job was placed (its processes' job id follows it).
-SCHEMA_VERSION: Final = 5
+#: submit_id and jobs_submit_id; 5: how many times each job was placed (its processes' job id follows it);
+#: 6: a job's id is the table's integer key (see _SCHEMA).
+SCHEMA_VERSION: Final = 6
 #: ``PRAGMA application_id`` of a pilot journal ("PJRN"): tells our file from any other SQLite database.
 APPLICATION_ID: Final = 0x504A524E
 
+#: A job's id (the pilot's sequence number, a decimal string in the code) is the jobs table's integer key:
+#: a row is appended, found and rewritten in one b-tree, where a text key needed a second one (an index
+#: in which each new id falls among the old, "10000" between "1000" and "1001") on every write.
 _SCHEMA: Final = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
 CREATE TABLE jobs (
-    id TEXT PRIMARY KEY,
+    id INTEGER PRIMARY KEY,
     seq INTEGER NOT NULL,
     description BLOB NOT NULL,
     submitted REAL NOT NULL,
@@ -375,6 +379,7 @@ class Store:
                 env,
                 un,
             ) = row
+            jid = str(jid)
             try:
                 raw = unpack(desc)
                 extra = {k: raw.pop(k) for k in JOURNAL_EXTRAS if isinstance(raw, dict) and k in raw}
@@ -477,7 +482,7 @@ class Store:
                     chunk,
                 )
                 for submit_id, job_id in rows:
-                    found.setdefault(submit_id, []).append(job_id)
+                    found.setdefault(submit_id, []).append(str(job_id))
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
         return found
@@ -485,7 +490,7 @@ class Store:
     def job_ids(self) -> list[str]:
         """Every job id the journal holds, in submission order."""
         try:
-            return [row[0] for row in self._db.execute("SELECT id FROM jobs ORDER BY seq")]
+            return [str(row[0]) for row in self._db.execute("SELECT id FROM jobs ORDER BY seq")]
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
 
@@ -515,7 +520,7 @@ class Store:
         try:
             while rows := cursor.fetchmany(1000):
                 for job_id, desc, state, t, code, message, meta, submitted, started, ended in rows:
-                    yield (job_id, _map(desc), state, t, code, message, _map(meta), submitted, started, ended)
+                    yield (str(job_id), _map(desc), state, t, code, message, _map(meta), submitted, started, ended)
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
         finally:
@@ -534,6 +539,8 @@ class Store:
     def job_record(self, job_id: str) -> tuple[dict[str, Any], list[Any], float, float | None, float | None] | None:
         """A job's description as accepted (the wire map, with its SSS document if it came as one), its
         status, and its submit, start and end times: what 'pilot show' needs of an ended job."""
+        if not (job_id.isdigit() and job_id.isascii() and str(int(job_id)) == job_id):
+            return None  # no job has it (SQLite would read "007" as job 7)
         try:
             row = self._db.execute(
                 "SELECT description, state, state_time, exit_code, message, metadata, submitted, started, ended "
@@ -650,6 +657,23 @@ def _migrate_v4(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE jobs ADD COLUMN placements INTEGER NOT NULL DEFAULT -1")
 
 
+def _migrate_v5(db: sqlite3.Connection, path: Path) -> None:
+    """Schema 5 kept a job's id as text: the table is rebuilt with it as the integer key (columns named,
+    for journals whose older columns came in another order)."""
+    odd = db.execute("SELECT id FROM jobs WHERE CAST(CAST(id AS INTEGER) AS TEXT) IS NOT id LIMIT 1").fetchone()
+    if odd is not None:
+        raise _damaged(path, f"it holds a job whose id {odd[0]!r} is not a job number")
+    create = _SCHEMA[_SCHEMA.index("CREATE TABLE jobs") :]
+    index = _SCHEMA[_SCHEMA.index("CREATE INDEX jobs_submit_id") :]
+    columns = [row[1] for row in db.execute("PRAGMA table_info(jobs)")]
+    values = ", ".join("CAST(id AS INTEGER)" if c == "id" else c for c in columns)
+    db.execute("ALTER TABLE jobs RENAME TO jobs_v5")
+    db.execute(create[: create.index(";")])
+    db.execute(f"INSERT INTO jobs ({', '.join(columns)}) SELECT {values} FROM jobs_v5")
+    db.execute("DROP TABLE jobs_v5")  # (its index with it)
+    db.execute(index[: index.index(";")])
+
+
 def _damaged(path: Path, damage: str) -> JournalDamaged:
     return JournalDamaged(f"the pilot journal {path} is damaged: {damage}; {_FIX.format(path=path)}", damage=damage)
 
@@ -715,6 +739,8 @@ def _setup(db: sqlite3.Connection, path: Path, *, durable: bool) -> None:
                     _migrate_v3(db)
                 if version <= 4:
                     _migrate_v4(db)
+                if version <= 5:
+                    _migrate_v5(db, path)
                 if version < SCHEMA_VERSION:
                     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")

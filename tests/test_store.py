@@ -516,6 +516,64 @@ def test_a_schema_3_journal_keeps_its_jobs_submit_ids_under_the_new_name(tmp_pat
     db.close()
 
 
+def _schema_5_journal(path: Path, ids: list[str]) -> None:
+    """A journal as schema 5 wrote it: job ids as the text key of the jobs table (an index of their own)."""
+    from pilot.store import _SCHEMA, APPLICATION_ID
+
+    db = sqlite3.connect(path, isolation_level=None)
+    db.executescript(_SCHEMA.replace("id INTEGER PRIMARY KEY,", "id TEXT PRIMARY KEY,", 1))
+    db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    db.execute("PRAGMA user_version = 5")
+    tx = Batch()
+    for i, job_id in enumerate(ids, start=1):
+        tx.job_accepted(job_id, i, _desc(i), float(i), submit_id=f"k-{job_id}")
+    tx.job_update(_job(ids[0], _desc(1), 1.0, state=JobState.COMPLETED, phase="done", exit_code=0))
+    db.execute("BEGIN")
+    tx.write(db)
+    db.execute("COMMIT")
+    db.close()
+
+
+def test_a_schema_5_journal_keys_its_jobs_by_number(tmp_path: Path) -> None:
+    """Schema 5 kept job ids as text: the journal opens with the jobs table rebuilt around the id as its
+    integer key (no index of text ids left), every job, its state and submit id kept, found by id as
+    before ("007" is no job's id), and new jobs follow in order."""
+    path = tmp_path / "j.db"
+    _schema_5_journal(path, ["1", "2", "9", "10", "11"])
+    with Store.open(path) as store:
+        jobs = store.load().jobs
+        assert [j.id for j in jobs] == ["1", "2", "9", "10", "11"]
+        assert (jobs[0].state, jobs[0].exit_code) == (JobState.COMPLETED, 0)
+        assert store.jobs_by_submit_id(["k-10", "k-2"]) == {"k-10": ["10"], "k-2": ["2"]}
+        found = store.job_record("10")
+        assert found is not None and found[1][:2] == ["10", "QUEUED"]
+        assert store.job_record("010") is None and store.job_record("x") is None
+        with store.batch() as tx:
+            tx.job_accepted("12", 12, _desc(12), 12.0)
+        assert store.job_ids() == ["1", "2", "9", "10", "11", "12"]
+        assert [row[0] for row in store.job_rows()] == ["1", "2", "9", "10", "11", "12"]
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    id_column = [row for row in db.execute("PRAGMA table_info(jobs)") if row[1] == "id"]
+    assert [(row[2], row[5]) for row in id_column] == [("INTEGER", 1)]  # the table's key
+    assert [row[1] for row in db.execute("PRAGMA index_list(jobs)")] == ["jobs_submit_id"]
+    assert db.execute("SELECT typeof(id) FROM jobs GROUP BY 1").fetchall() == [("integer",)]
+    db.close()
+
+
+def test_a_schema_5_journal_with_a_job_id_that_is_no_number_is_refused(tmp_path: Path) -> None:
+    """No pilot wrote one, but a journal is hostile input: a text id is refused as damage, and the file
+    is left as it was (the rebuild is rolled back)."""
+    path = tmp_path / "j.db"
+    _schema_5_journal(path, ["1", "x7"])
+    with pytest.raises(JournalError, match="'x7' is not a job number"):
+        Store.open(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert db.execute("SELECT id FROM jobs ORDER BY seq").fetchall() == [("1",), ("x7",)]
+    db.close()
+
+
 def _submit_id_schema(db: sqlite3.Connection) -> tuple[list[str], list[str]]:
     """The jobs table's submit id column and its index, under whichever names the journal has them."""
     columns = [row[1] for row in db.execute("PRAGMA table_info(jobs)") if row[1] in ("key", "submit_id")]
