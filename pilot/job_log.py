@@ -27,7 +27,7 @@ def _values(job: JobRecord) -> tuple[Any, ...]:
     return (
         job.id,
         d.name,
-        job.state.value,
+        job.state._value_,
         job.exit_code,
         m.get("nodes") or [],
         m.get("processors", 0),

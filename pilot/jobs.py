@@ -127,4 +127,4 @@ class JobRecord:
 
     def status(self) -> list[Any]:
         """The wire form of the job's current status: [id, state, time, exit_code, message, metadata]."""
-        return [self.id, self.state.value, self.state_time, self.exit_code, self.message, self.metadata or None]
+        return [self.id, self.state._value_, self.state_time, self.exit_code, self.message, self.metadata or None]

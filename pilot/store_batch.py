@@ -143,7 +143,7 @@ class Batch:
         ``submit_id``: the client's own id for the job (:meth:`Store.jobs_by_submit_id` finds it)."""
         raw = description.to_wire() if isinstance(description, JobDescription) else description
         self._accepted_at[job_id] = len(self._accepted)
-        fields = (state.value, submitted, "queued", 0, 0, 0)  # job_update's _SET fields (it has no _UNSET one)
+        fields = (state._value_, submitted, "queued", 0, 0, 0)  # job_update's _SET fields (it has no _UNSET one)
         self._accepted.append((job_id, seq, blob(raw), submitted, *fields, None, submit_id))
 
     def job_update(self, job: JobRecord, *, placed: bool = False) -> None:
@@ -154,7 +154,7 @@ class Batch:
         run = job.run
         ranks = _pack_ranks(run.ranks) if placed else None
         fields = (
-            job.state.value,
+            job.state._value_,  # (Enum's .value is a Python-level descriptor: this is its plain attribute)
             job.state_time,
             job.exit_code,
             job.message,
