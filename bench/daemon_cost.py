@@ -38,6 +38,7 @@ import anyio
 import zmq
 
 from pilot import config as config_mod
+from pilot import wire
 from pilot.allocations import PilotAllocation
 from pilot.lrm.base import Allocation, AllocationState
 from pilot.model.job_state import JobState
@@ -55,7 +56,7 @@ def _description() -> dict[str, Any]:
     return spec_to_wire(psij.JobSpec(executable="/bin/true"))
 
 
-def _exit(order: dict[str, Any], now: float) -> list[Any]:
+def _exit(order: dict[str, Any], now: float) -> TaskEvent:
     """The exit event an agent sends for a short task that ran ``order`` (its start carried along)."""
     data = {
         "pid": 4242,
@@ -69,7 +70,7 @@ def _exit(order: dict[str, Any], now: float) -> list[Any]:
         "processors": len(order.get("cores", [])),
         "reason": None,
     }
-    return TaskEvent(order["job_id"], order["slot"], "exited", now, data).to_wire()
+    return TaskEvent(order["job_id"], order["slot"], "exited", now, data)
 
 
 class Harness:
@@ -119,11 +120,14 @@ class Harness:
 
     def _turn(self) -> None:
         """One turn of the daemon (Daemon.turn: its I/O loop without the wait), timed."""
+        from pilot.daemon import CHECKPOINT_LOOK
+
         d = self.daemon
         t0 = time.thread_time()
         d.turn()
         store = d.store
-        if store is not None and store.commits % 8 == 0 and store.checkpoint_due():  # (the daemon: a worker thread)
+        # As often as the daemon looks at the WAL (there in a worker thread, which Daemon.turn cannot start).
+        if store is not None and store.commits % CHECKPOINT_LOOK == 0 and store.checkpoint_due():
             store.checkpoint()
         self.cpu += time.thread_time() - t0
         self.turns += 1
@@ -152,12 +156,10 @@ class Harness:
                 now = time.time()
                 events = []
                 while sock.poll(0):
-                    body = _launch_orders(sock.recv())
-                    events += [_exit(o, now) for o in body]
+                    events += [_exit(o, now) for o in _launch_orders(sock.recv())]
                 if events:
                     self.seq[name] += 1
-                    wire = [TaskEvent.from_wire(e) for e in events]
-                    sock.send(encode(TaskEvents(tuple(wire), self.seq[name])))
+                    sock.send(encode(TaskEvents(tuple(events), self.seq[name])))
             self._turn()
             ended = 0
             while self.client.poll(0):
@@ -174,19 +176,17 @@ class Harness:
 
 
 def _launch_orders(frame: bytes) -> list[dict[str, Any]]:
-    import msgpack
-
-    _, kind, body = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-    return list(body.get("orders", [])) if kind == Kind.LAUNCH else []
+    """The orders of a LAUNCH frame, in their wire form (as an agent reads its frames: checked)."""
+    m = wire.decode(frame, allowed=wire.TO_AGENT_KINDS)
+    return list(m.body.get("orders", [])) if m.kind == Kind.LAUNCH else []
 
 
 def _finals(frame: bytes) -> int:
-    import msgpack
-
-    _, kind, body = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-    if kind != Kind.EVENTS:
+    """How many final statuses a frame to the client carries."""
+    m = wire.decode(frame, allowed=wire.TO_CLIENT_KINDS)
+    if m.kind != Kind.EVENTS:
         return 0
-    return sum(1 for s in body.get("events", []) if s[1] in ("COMPLETED", "FAILED", "CANCELED"))
+    return sum(1 for s in m.body.get("events", []) if JobState(s[1]).final)
 
 
 def measure(*, tasks: int, batch: int, nodes: int, cores: int) -> dict[str, Any]:

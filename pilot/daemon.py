@@ -71,7 +71,7 @@ log = structlog.get_logger("pilot.daemon")
 _jobs_log = structlog.get_logger("pilot.jobs")
 
 _DRAIN = 2048  # frames handled per burst before a flush
-_CHECKPOINT_LOOK = 8  # commits between two looks at the journal's WAL size (in a worker thread)
+CHECKPOINT_LOOK = 8  # commits between two looks at the journal's WAL size (in a worker thread)
 
 
 class DaemonError(RuntimeError):
@@ -121,7 +121,7 @@ class Daemon:
         #: Set while a worker thread has the journal (a checkpoint, a snapshot); set when that ends.
         self._checkpointing: anyio.Event | None = None
         self._journal_work = anyio.Lock()
-        self._checkpoint_look: float = _CHECKPOINT_LOOK  # the commit count at which to look at the WAL next
+        self._checkpoint_look: float = CHECKPOINT_LOOK  # the commit count at which to look at the WAL next
         self._alloc_seen: dict[str, tuple[Any, ...]] = {}
         #: The packed orders of the batch the flush under way commits (its LAUNCH frames reuse them).
         self._packed_orders: Callable[[Mapping[str, Any]], bytes | None] | None = None
@@ -530,7 +530,7 @@ class Daemon:
         except JournalError as exc:  # e.g. no room to grow the journal file: the WAL keeps it all meanwhile
             log.warning("journal checkpoint failed", error=str(exc))
         finally:
-            self._checkpoint_look = store.commits + _CHECKPOINT_LOOK
+            self._checkpoint_look = store.commits + CHECKPOINT_LOOK
 
     async def _snapshot(self, guard: JournalGuard) -> None:
         await self._with_journal(guard.snapshot)
