@@ -25,10 +25,7 @@ repeat to a few hundredths of a per cent, where CPU time on a shared VM varies b
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +34,7 @@ from typing import Any
 import anyio
 import zmq
 
+from bench.report import repeated, saved
 from pilot import config as config_mod
 from pilot import wire
 from pilot.allocations import PilotAllocation
@@ -222,22 +220,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = ap.parse_args(argv)
-    runs = []
-    for i in range(args.repeat):
-        r = measure(tasks=args.tasks, batch=args.batch, nodes=args.nodes, cores=args.cores)
-        runs.append(r)
-        print(f"  run {i + 1}: daemon {r['us_per_task']:.1f} µs/task, {r['turns']} turns", file=sys.stderr)
-    out = {
-        "runs": runs,
-        "median_us_per_task": statistics.median(r["us_per_task"] for r in runs),
-        "tasks": args.tasks,
-        "nodes": args.nodes,
-        "cores": args.cores,
-    }
-    print(f"daemon CPU per task: {out['median_us_per_task']:.1f} µs (median of {args.repeat})")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-    return out
+    out = repeated(
+        lambda: measure(tasks=args.tasks, batch=args.batch, nodes=args.nodes, cores=args.cores),
+        repeat=args.repeat,
+        whose="daemon",
+        each=lambda r: f"daemon {r['us_per_task']:.1f} µs/task, {r['turns']} turns",
+    )
+    return saved(out, args)
 
 
 if __name__ == "__main__":
