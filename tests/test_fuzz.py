@@ -22,6 +22,7 @@ import shutil
 import sqlite3
 import sys
 import time
+import typing
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -417,6 +418,40 @@ def test_the_fast_path_accepts_only_what_the_full_check_accepts_and_builds_the_s
         return
     if fast is not None:
         assert fast == checked
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(_edge_orders(), min_size=1, max_size=3))
+def test_a_launch_decoded_in_one_pass_holds_the_orders_the_full_check_builds(raws: list[Any]) -> None:
+    # An agent decodes a LAUNCH's packed orders in one typed pass (orders_from_packed): it never takes
+    # a frame the full check would refuse, and builds the same orders from those it takes.
+    fast = process_order.orders_from_packed(msgpack.packb(raws, use_bin_type=True))
+    try:
+        unpacked = [msgpack.unpackb(msgpack.packb(r), strict_map_key=True) for r in raws]
+        checked = [ProcessOrder._from_wire_checked(r) for r in unpacked]
+    except (ProtocolError, ValueError):
+        assert fast is None, f"the one-pass decoding accepted {raws!r}, which the full check refuses"
+        return
+    if fast is not None:
+        assert fast == checked
+
+
+def test_the_one_pass_decoding_knows_every_field_and_role() -> None:
+    # _WireOrder mirrors ProcessOrder: a field or role added to one and not the other would send every
+    # order the slow way, or refuse it.
+    assert tuple(process_order._WireOrder.__struct_fields__) == process_order._REQUIRED + tuple(
+        n for n, _ in process_order._OPTIONAL
+    )
+    assert set(typing.get_type_hints(process_order._WireOrder)["role"].__args__) == set(process_order.ROLES)
+
+
+def test_a_daemons_launch_frame_takes_the_one_pass_decoding() -> None:
+    orders = [ProcessOrder.from_wire(dict(_VALID_ORDER)), ProcessOrder(job_id="8", slot=1, role="rank", executable="x")]
+    frame = wire.messages.Launch.frame([o.to_wire() for o in orders])
+    head = len(wire.messages._LAUNCH_HEAD)
+    assert process_order.orders_from_packed(frame[head:]) == orders
+    assert wire.messages.decode(frame, wire.messages.TO_AGENT) == wire.messages.Launch(tuple(orders))
 
 
 def test_a_daemons_order_takes_the_fast_path() -> None:

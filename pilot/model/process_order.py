@@ -6,8 +6,11 @@ Launchers (in the daemon) turn a placed job into process orders; agents only spa
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Final
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
 
 from pilot import wire
 from pilot.model.staging import Step
@@ -202,80 +205,75 @@ def _str_list(value: Any) -> list[str] | None:
     return None
 
 
-def _from_wire_fast(raw: Any) -> ProcessOrder | None:
-    """The order if every field has exactly the type the full check wants (a stricter test: what
-    passes here passes there, with the same values), else None. Limits go the full way. Absent
-    optional fields (what :meth:`ProcessOrder.to_wire` leaves out) cost one lookup each."""
-    if type(raw) is not dict or not _FIELDS.issuperset(raw):
-        return None
-    get = raw.get
-    job_id, slot, role, executable = get("job_id"), get("slot"), get("role"), get("executable")
-    directory, inherit, truncate = get("directory"), get("inherit_environment"), get("truncate_output")
-    arguments, cores, gpus = get("arguments"), get("cores"), get("gpus")
-    if not (
-        type(job_id) is str
-        and type(slot) is int
-        and type(role) is str
-        and role in ROLES
-        and type(executable) is str
-        and type(directory) is str
-        and type(inherit) is bool
-        and type(truncate) is bool
-        and type(arguments) is list
-        and type(cores) is list
-        and type(gpus) is list
-        and all(type(a) is str for a in arguments)
-        and all(type(c) is int for c in cores)
-        and all(type(g) is int for g in gpus)
-    ):
-        return None
-    env, pre_env = _str_map(get("environment")), _str_map(get("pre_environment"))
-    rank_env = _str_map(get("rank_environment"))
-    if env is None or pre_env is None or rank_env is None:
-        return None
-    stdin, stdout, stderr, script = get("stdin_path"), get("stdout_path"), get("stderr_path"), get("script")
-    if not (
-        (stdin is None or type(stdin) is str)
-        and (stdout is None or type(stdout) is str)
-        and (stderr is None or type(stderr) is str)
-        and (script is None or type(script) is str)
-    ):
-        return None
-    pre_unset = get("pre_unset")
-    if pre_unset is None:
-        pre_unset = []
-    elif (pre_unset := _str_list(pre_unset)) is None:
-        return None
-    hosts = get("nodefile_hosts")
-    if hosts is not None and (hosts := _str_list(hosts)) is None:
-        return None
-    walltime = get("walltime")
-    if walltime is not None and not (
-        (type(walltime) is int or type(walltime) is float) and walltime > 0 and math.isfinite(walltime)
-    ):
-        return None
-    after = get("after_cores")
-    if after is None:
-        after = False
-    elif type(after) is not bool:
-        return None
-    rlimits = get("rlimits")
-    if rlimits is not None and not (type(rlimits) is list and not rlimits):
-        return None
-    staging = get("staging")
-    if staging is not None and not (type(staging) is list and not staging):
-        return None
-    stream = get("stream")
-    if stream is None:
-        stream = False
-    elif type(stream) is not bool:
-        return None
-    # Positional, in field order: a keyword call of 24 names costs more than the checks above.
+#: A walltime an order may carry: positive and finite (NaN would break the agent's timer heap; 0 or less
+#: kills at once: no daemon sends them).
+_Walltime = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
+#: Limits and staging steps take the field-by-field path (:func:`_rlimits`, :func:`_staging`).
+_Empty = Annotated[list[Any], msgspec.Meta(max_length=0)]
+
+
+class _WireOrder(msgspec.Struct, forbid_unknown_fields=True):
+    """An order as :meth:`ProcessOrder.to_wire` writes it, every field of exactly its type, checked by
+    msgspec in C: the fields to_wire always sends required, the others as their defaults when absent.
+    Stricter than the field-by-field check (no limits, no staging steps), never looser."""
+
+    job_id: str
+    slot: int
+    role: Literal["rank", "pre", "post", "stage_in", "stage_out", "cleanup"]
+    executable: str
+    arguments: list[str]
+    inherit_environment: bool
+    directory: str
+    truncate_output: bool
+    cores: list[int]
+    gpus: list[int]
+    environment: dict[str, str] = {}
+    pre_environment: dict[str, str] = {}
+    pre_unset: list[str] = []
+    stdin_path: str | None = None
+    stdout_path: str | None = None
+    stderr_path: str | None = None
+    walltime: _Walltime | None = None
+    rank_environment: dict[str, str] = {}
+    nodefile_hosts: list[str] | None = None
+    script: str | None = None
+    after_cores: bool = False
+    rlimits: _Empty = []
+    staging: _Empty = []
+    stream: bool = False
+
+
+_PACKED_ORDERS: Final = msgspec.msgpack.Decoder(list[_WireOrder])
+
+
+def _made(w: _WireOrder) -> ProcessOrder:
+    # Positional, in field order: a keyword call of 24 names costs more than the decoding.
     return ProcessOrder(
-        job_id, slot, role, executable, list(arguments), env, pre_env, pre_unset, inherit, directory,
-        stdin, stdout, stderr, truncate, list(cores), list(gpus), walltime, rank_env, hosts, script, after, [], [],
-        stream,
+        w.job_id, w.slot, w.role, w.executable, w.arguments, w.environment, w.pre_environment, w.pre_unset,
+        w.inherit_environment, w.directory, w.stdin_path, w.stdout_path, w.stderr_path, w.truncate_output,
+        w.cores, w.gpus, w.walltime, w.rank_environment, w.nodefile_hosts, w.script, w.after_cores, [], [],
+        w.stream,
     )  # fmt: skip
+
+
+def _from_wire_fast(raw: Any) -> ProcessOrder | None:
+    """The order if every field has exactly the type the full check wants (:class:`_WireOrder`: what
+    passes here passes there, with the same values), else None."""
+    try:
+        return _made(msgspec.convert(raw, _WireOrder))
+    except msgspec.ValidationError:
+        return None
+
+
+def orders_from_packed(data: bytes | memoryview) -> list[ProcessOrder] | None:
+    """The orders of a msgpack array of orders in the form the daemon sends them, decoded and checked in
+    one pass in C (a quarter of the cost of unpacking, then checking each map); None when any of them
+    is otherwise, or the bytes are not such an array: then the field-by-field path
+    (:meth:`ProcessOrder.from_wire`) accepts them or says what is wrong."""
+    try:
+        return [_made(w) for w in _PACKED_ORDERS.decode(data)]
+    except msgspec.MsgspecError:
+        return None
 
 
 def _rlimits(raw: Any) -> list[list[Any]]:

@@ -15,8 +15,8 @@ from typing import Any, ClassVar, Final, NamedTuple, Protocol, Self
 
 from pilot.core.leases import MOST as LEASE_MOST
 from pilot.model.node import NodeConfigured
-from pilot.model.process_order import ProcessOrder
-from pilot.wire.codec import Kind, ProtocolError, array_header, field, frame_head, opt_field
+from pilot.model.process_order import ProcessOrder, orders_from_packed
+from pilot.wire.codec import MAX_FRAME_BYTES, Kind, ProtocolError, array_header, field, frame_head, opt_field
 from pilot.wire.codec import decode as decode_frame
 from pilot.wire.codec import encode as encode_frame
 from pilot.wire.codec import pack as pack_value
@@ -42,7 +42,13 @@ def encode(msg: Body) -> bytes:
 
 
 def decode(frame: bytes, kinds: Mapping[str, type[Body]]) -> Body:
-    """The typed message in ``frame``, which must be one of ``kinds`` (kind -> class)."""
+    """The typed message in ``frame``, which must be one of ``kinds`` (kind -> class). A LAUNCH as the
+    daemon writes it (:meth:`Launch.frame`) is decoded and checked in one pass (:func:`orders_from_packed`);
+    any other frame, or one that pass does not take, is unpacked, then checked field by field."""
+    if frame.startswith(_LAUNCH_HEAD) and Kind.LAUNCH in kinds and len(frame) <= MAX_FRAME_BYTES:
+        orders = orders_from_packed(memoryview(frame)[len(_LAUNCH_HEAD) :])
+        if orders is not None:
+            return Launch(tuple(orders))
     m = decode_frame(frame, allowed=frozenset(kinds))
     return kinds[m.kind].from_body(m.body)
 
