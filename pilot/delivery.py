@@ -17,6 +17,7 @@ import structlog
 import zmq
 
 from pilot import wire
+from pilot.wire.transport import send_parts
 
 log = structlog.get_logger("pilot.daemon")
 
@@ -27,7 +28,7 @@ def send(sock: zmq.Socket[bytes], frames: list[bytes]) -> bool | None:
     """ROUTER sends never block. True: sent; False: the peer is past its high-water mark (not reading);
     None: no such peer (gone). The caller decides what a message that was not sent means."""
     try:
-        sock.send_multipart(frames, zmq.NOBLOCK)
+        send_parts(sock, frames)
         return True
     except zmq.Again:
         log.warning("peer not reading; message held or dropped", size=sum(len(f) for f in frames))
