@@ -190,21 +190,6 @@ RLIMIT_NAMES: Final = frozenset(
 )
 
 
-def _str_map(value: Any) -> dict[str, str] | None:
-    """An environment map as sent (absent: empty), or None when it is anything else."""
-    if value is None:
-        return {}
-    if type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items()):
-        return value
-    return None
-
-
-def _str_list(value: Any) -> list[str] | None:
-    if type(value) is list and all(type(v) is str for v in value):
-        return list(value)
-    return None
-
-
 #: A walltime an order may carry: positive and finite (NaN would break the agent's timer heap; 0 or less
 #: kills at once: no daemon sends them).
 _Walltime = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
