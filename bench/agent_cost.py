@@ -33,35 +33,37 @@ import anyio
 import zmq
 
 from bench.report import repeated, saved
-from pilot import wire
 from pilot.model.node import NodeConfigured
-from pilot.wire import Kind
-from pilot.wire.messages import Launch, Registered, Stop, encode
+from pilot.model.process_order import ProcessOrder
+from pilot.wire.messages import (
+    TO_DAEMON_FROM_AGENT,
+    Launch,
+    Register,
+    Registered,
+    Stop,
+    TaskEvents,
+    decode,
+    encode,
+)
 
 _URL = "inproc://bench-agent"
 
 
 def _order(job: int, core: int, *, behind: bool, directory: str) -> dict[str, Any]:
-    """A ``/bin/true`` order in the wire form the daemon sends for a default PSI/J job."""
+    """A ``/bin/true`` order as the daemon sends it for a default PSI/J job (its own wire form)."""
     jid = str(job)
-    order: dict[str, Any] = {
-        "job_id": jid,
-        "slot": 0,
-        "role": "rank",
-        "executable": "/bin/true",
-        "arguments": [],
-        "inherit_environment": True,
-        "directory": directory,
-        "truncate_output": True,
-        "cores": [core],
-        "gpus": [],
-        "walltime": 600.0,
-        "rank_environment": {"PILOT_JOB_ID": jid, "PILOT_RANK": "0", "PILOT_SIZE": "1"},
-        "nodefile_hosts": ["local-0"],
-    }
-    if behind:
-        order["after_cores"] = True
-    return order
+    return ProcessOrder(
+        job_id=jid,
+        slot=0,
+        role="rank",
+        executable="/bin/true",
+        directory=directory,
+        cores=[core],
+        walltime=600.0,
+        rank_environment={"PILOT_JOB_ID": jid, "PILOT_RANK": "0", "PILOT_SIZE": "1"},
+        nodefile_hosts=["local-0"],
+        after_cores=behind,
+    ).to_wire()
 
 
 class Harness:
@@ -80,7 +82,7 @@ class Harness:
         self.thread = threading.Thread(target=self._run_agent, name="agent", daemon=True)
         self.thread.start()
         frames = self._recv(timeout=30.0)
-        if frames is None or wire.decode(frames[1], allowed=wire.AGENT_KINDS).kind != Kind.REGISTER:
+        if frames is None or not isinstance(decode(frames[1], TO_DAEMON_FROM_AGENT), Register):
             raise RuntimeError("the agent in this process did not register")
         self.identity = frames[0]
         self.router.send_multipart([self.identity, encode(Registered(3600.0))])
@@ -102,6 +104,7 @@ class Harness:
         sent = 0
         ok = 0
         done = 0
+        core_of: dict[str, int] = {}  # each order's core, until its exit frees it
 
         def launch(slots: list[tuple[int, bool]]) -> None:
             nonlocal sent
@@ -110,6 +113,7 @@ class Harness:
                 if sent < tasks:
                     sent += 1
                     orders.append(_order(sent, core, behind=behind, directory=directory))
+                    core_of[str(sent)] = core
             if orders:
                 self.router.send_multipart([self.identity, Launch.frame(orders)])
 
@@ -118,15 +122,15 @@ class Harness:
             frames = self._recv(timeout=30.0)
             if frames is None:
                 raise RuntimeError(f"the agent in this process reported {done} of {tasks} exits, then nothing more")
-            m = wire.decode(frames[1], allowed=wire.AGENT_KINDS)
-            if m.kind != Kind.TASK_EVENTS:
+            m = decode(frames[1], TO_DAEMON_FROM_AGENT)
+            if not isinstance(m, TaskEvents):
                 continue
             freed = []
-            for ev in m.body["events"]:
-                if ev[2] == "exited":
+            for ev in m.events:
+                if ev.kind == "exited":
                     done += 1
-                    ok += ev[4].get("exit_code") == 0
-                    freed.append((int(ev[0]) - 1) % cores)
+                    ok += ev.data.get("exit_code") == 0
+                    freed.append(core_of.pop(ev.job_id))
             launch([(c, window > 1) for c in freed])
         return ok
 

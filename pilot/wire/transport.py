@@ -24,8 +24,8 @@ import zmq
 _POLLIN: Final = int(zmq.POLLIN)  # a plain int: ``events & zmq.POLLIN`` goes through enum.Flag, twice the cost
 _EVENTS: Final = int(zmq.EVENTS)
 #: Plain ints for the flags of each call (pyzmq's multipart calls combine enum.Flag members per frame).
-NOBLOCK: Final = int(zmq.NOBLOCK)
-SEND_MORE: Final = int(zmq.SNDMORE | zmq.NOBLOCK)
+_NOBLOCK: Final = int(zmq.NOBLOCK)
+_SEND_MORE: Final = int(zmq.SNDMORE | zmq.NOBLOCK)
 _NO_LOCK: Final = nullcontext()
 
 
@@ -223,12 +223,12 @@ def drain(sock: zmq.Socket[Any], limit: int) -> list[list[bytes]]:
     out: list[list[bytes]] = []
     while len(out) < limit and sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
         try:
-            frame = sock.recv(NOBLOCK, copy=False)
+            frame = sock.recv(_NOBLOCK, copy=False)
         except zmq.Again:
             break
         parts = [frame.bytes]
         while frame.more:
-            frame = sock.recv(NOBLOCK, copy=False)
+            frame = sock.recv(_NOBLOCK, copy=False)
             parts.append(frame.bytes)
         out.append(parts)
     return out
@@ -239,4 +239,4 @@ def send_parts(sock: zmq.Socket[Any], parts: list[bytes]) -> None:
     taken whole or not at all: only its first part can meet the high-water mark (zmq.Again)."""
     last = len(parts) - 1
     for i, part in enumerate(parts):
-        sock.send(part, SEND_MORE if i < last else NOBLOCK)
+        sock.send(part, _SEND_MORE if i < last else _NOBLOCK)
