@@ -10,6 +10,9 @@ helper's: the agent waits for it by pid or pidfd with its rusage as before, and 
 marks and kills do not change. A helper started by a pinned spawner inherits its cpu, and so do its
 tasks.
 
+Started with the argument ``chain``, the same program serves one core's chained spawner instead
+(:mod:`agent.chaining`): there its tasks are its own children, which it reaps.
+
 The helper is compiled with the system C compiler at the agent's start, once per source and machine,
 into ``$XDG_CACHE_HOME/pilot-jobs`` (``~/.cache``; the agent's workdir when that is not writable). Where
 no compiler works, or with ``PILOT_AGENT_FORKSERVER=0`` (to compare the two paths), the agent spawns
@@ -204,27 +207,7 @@ class ForkServer:
     def __init__(self, exe: str, *, devnull: int) -> None:
         """Start the helper (from the calling thread: it inherits that thread's cpu affinity)."""
         self._devnull = devnull
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.pid = os.posix_spawn(
-                exe,
-                [exe],
-                {},
-                file_actions=[
-                    *((os.POSIX_SPAWN_DUP2, devnull, i) for i in range(3)),
-                    (os.POSIX_SPAWN_DUP2, theirs.fileno(), 3),
-                ],
-            )
-        except OSError:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self._sock = ours
-        try:  # to reap it by pidfd: after its exit its pid may be a task's, which a waitpid would take
-            self._pidfd: int | None = os.pidfd_open(self.pid)
-        except (OSError, AttributeError):
-            self._pidfd = None  # without pidfds the reaper's wait4(-1) reaps it (and drops an unknown pid)
+        self.pid, self._sock, self._pidfd = start(exe, [exe], devnull=devnull)
         try:  # an empty request: the helper answers "bad request" once it runs
             if self._ask(b"", (devnull, devnull, devnull)) != (0, 22, _STEP_REQUEST):
                 raise HelperGone("the spawn helper answered a test request wrongly")
@@ -232,50 +215,11 @@ class ForkServer:
             self.close()
             raise
 
-    def spawn(
-        self,
-        path: str,
-        argv: list[str],
-        env: Mapping[str, str],
-        *,
-        cwd: str,
-        streams: tuple[int, int, int],
-        cpus: Iterable[int] | None,
-        limits: list[tuple[int, tuple[int, int]]],
-        base: EnvBlock | None = None,
-    ) -> int:
-        """Start a task; its pid. ``base``: variables encoded once (:func:`env_block`) that the task
-        gets too (``env`` sets none of them). :class:`SpawnError` when it could not (a child that
-        started and failed before exec is reaped here); :class:`HelperGone` when the helper is."""
-        mask = b""
-        if cpus is not None:
-            bits = 0
-            for c in cpus:
-                bits |= 1 << c
-            mask = bits.to_bytes((bits.bit_length() + 63) // 64 * 8, "little")
-        envc = len(env) + (base[0] if base is not None else 0)
-        parts = [_HEAD.pack(len(argv), envc, len(mask), len(limits)), mask]
-        if limits:
-            parts += [_LIMIT.pack(res, 0, soft & _UINT64, hard & _UINT64) for res, (soft, hard) in limits]
-        # One join and one encoding for all the strings (per string: several times the cost), then the
-        # checks posix_spawn makes, on the whole.
-        strings = [path, cwd, *argv, *[f"{k}={v}" for k, v in env.items()]]
-        text = "\0".join(strings)
-        if text.count("\0") != len(strings) - 1:
-            raise ValueError("embedded null byte")
-        if "=" in "".join(env):
-            raise ValueError("illegal environment variable name")
-        parts.append(os.fsencode(text) + b"\0")
-        if base is not None:
-            parts.append(base[1])
-        body = b"".join(parts)
-        if len(body) > _MAX_BODY:  # (the helper would end at such a request; exec would refuse it anyway)
-            raise SpawnError(errno.E2BIG, _STEP_EXEC)
-        if streams == _ALL_NULL:
-            pid, err, step = self._ask(body, None)
-        else:
-            devnull = self._devnull
-            pid, err, step = self._ask(body, tuple(devnull if fd == subprocess.DEVNULL else fd for fd in streams))
+    def ask(self, body: bytes, streams: tuple[int, int, int]) -> int:
+        """Start the task of a request (:func:`request`) with ``streams`` as its stdin, stdout and stderr;
+        its pid. :class:`SpawnError` when it could not (a child that started and failed before exec is
+        reaped here); :class:`HelperGone` when the helper is."""
+        pid, err, step = self._ask(body, stream_fds(streams, devnull=self._devnull))
         if err:
             if pid > 0:
                 try:
@@ -308,16 +252,95 @@ class ForkServer:
         """End the helper (it exits at the end of its socket) and reap it."""
         self._sock.close()
         fd, self._pidfd = self._pidfd, None
-        if fd is None:
-            return
-        try:
-            if select.select([fd], [], [], _EXIT_WAIT)[0]:
-                os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
-            else:
-                log.warning("the spawn helper did not exit", pid=self.pid)
-        except ChildProcessError:
-            pass  # reaped already, by the tree thread (which reaps the agent's children that are no task)
-        except OSError as exc:  # P_PIDFD is Linux 5.4: on 5.3 it stays a zombie until the agent ends
-            log.debug("cannot reap the spawn helper", error=str(exc))
-        finally:
-            os.close(fd)
+        stop(self.pid, fd)
+
+
+def stream_fds(streams: tuple[int, int, int], *, devnull: int) -> tuple[int, int, int] | None:
+    """The fds a request carries for a task's stdin, stdout and stderr (``subprocess.DEVNULL``: the
+    agent's /dev/null); None when all three are /dev/null: the helper's own 0-2 are that."""
+    if streams == _ALL_NULL:
+        return None
+    a, b, c = (devnull if fd == subprocess.DEVNULL else fd for fd in streams)
+    return a, b, c
+
+
+def start(exe: str, argv: list[str], *, devnull: int) -> tuple[int, socket.socket, int | None]:
+    """Start a helper with ``argv`` (its 0-2 /dev/null, fd 3 its socket): its pid, the agent's end of the
+    socket, and a pidfd to reap it by (None without pidfds)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        pid = os.posix_spawn(
+            exe,
+            argv,
+            {},
+            file_actions=[
+                *((os.POSIX_SPAWN_DUP2, devnull, i) for i in range(3)),
+                (os.POSIX_SPAWN_DUP2, theirs.fileno(), 3),
+            ],
+        )
+    except OSError:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    try:  # to reap it by pidfd: after its exit its pid may be a task's, which a waitpid would take
+        pidfd: int | None = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        pidfd = None  # without pidfds the reaper's wait4(-1) reaps it (and drops an unknown pid)
+    return pid, ours, pidfd
+
+
+def stop(pid: int, pidfd: int | None) -> None:
+    """Reap a helper whose socket was closed (it exits at the end of it), by its pidfd."""
+    if pidfd is None:
+        return
+    try:
+        if select.select([pidfd], [], [], _EXIT_WAIT)[0]:
+            os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+        else:
+            log.warning("the spawn helper did not exit", pid=pid)
+    except ChildProcessError:
+        pass  # reaped already, by the tree thread (which reaps the agent's children that are no task)
+    except OSError as exc:  # P_PIDFD is Linux 5.4: on 5.3 it stays a zombie until the agent ends
+        log.debug("cannot reap the spawn helper", error=str(exc))
+    finally:
+        os.close(pidfd)
+
+
+def request(
+    path: str,
+    argv: list[str],
+    env: Mapping[str, str],
+    *,
+    cwd: str,
+    cpus: Iterable[int] | None,
+    limits: list[tuple[int, tuple[int, int]]],
+    base: EnvBlock | None = None,
+) -> bytes:
+    """A request's body (see forkserver.c). ValueError as posix_spawn for a NUL in a string or an ``=``
+    in a variable's name; :class:`SpawnError` (E2BIG) for one the helper would refuse."""
+    mask = b""
+    if cpus is not None:
+        bits = 0
+        for c in cpus:
+            bits |= 1 << c
+        mask = bits.to_bytes((bits.bit_length() + 63) // 64 * 8, "little")
+    envc = len(env) + (base[0] if base is not None else 0)
+    parts = [_HEAD.pack(len(argv), envc, len(mask), len(limits)), mask]
+    if limits:
+        parts += [_LIMIT.pack(res, 0, soft & _UINT64, hard & _UINT64) for res, (soft, hard) in limits]
+    # One join and one encoding for all the strings (per string: several times the cost), then the
+    # checks posix_spawn makes, on the whole.
+    strings = [path, cwd, *argv, *[f"{k}={v}" for k, v in env.items()]]
+    text = "\0".join(strings)
+    if text.count("\0") != len(strings) - 1:
+        raise ValueError("embedded null byte")
+    if "=" in "".join(env):
+        raise ValueError("illegal environment variable name")
+    parts.append(os.fsencode(text) + b"\0")
+    if base is not None:
+        parts.append(base[1])
+    body = b"".join(parts)
+    if len(body) > _MAX_BODY:  # (the helper would end at such a request; exec would refuse it anyway)
+        raise SpawnError(errno.E2BIG, _STEP_EXEC)
+    return body

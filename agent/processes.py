@@ -1,7 +1,8 @@
 """The process engine: the table every thread of it shares, and the hand-off of its events to the loop.
 
 Four kinds of thread touch a task: the agent's loop (orders in, kills, events out), the spawner threads
-that start processes (:mod:`agent.spawning`), the reaper that waits for them (:mod:`agent.reaping`;
+that start processes (:mod:`agent.spawning`; on a chained core, :mod:`agent.chaining`, whose helper
+also reaps them and takes their kills), the reaper that waits for them (:mod:`agent.reaping`;
 with pidfds, a pinned spawner also waits for its own task) and the tree thread that kills what a killed
 task's process group does not hold and reaps what the agent adopted (:mod:`agent.trees`, which only reads
 the table). What they share lives here, under one lock that every step takes once: the running processes
@@ -32,6 +33,7 @@ import psutil
 import structlog
 
 from agent import environment
+from agent.chaining import AHEAD
 from agent.reaping import Reaper
 from agent.spawning import Spawners
 from agent.table import Running, WaitingOrders
@@ -56,6 +58,7 @@ class ProcessEngine:
         """``kill_grace``: seconds between the SIGTERM and the SIGKILL to a killed task's descendants
         outside its process group (agent.trees; the agent's loop escalates for the group)."""
         self._notify = notify
+        self._cpu_map = cpu_map or {}
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._by_pid: dict[int, Running] = {}
@@ -88,10 +91,17 @@ class ProcessEngine:
             engine=self,
             node=node,
             workdir=workdir,
-            cpu_map=cpu_map or {},
+            cpu_map=self._cpu_map,
             own_reaping=self._pidfds,
             mark=self._trees.prefix,
         )
+        #: Chain cores (agent.chaining): how many orders each may be given beyond the one it runs (0 while
+        #: its tasks are long: see _ahead), how many of its users are its chain's, and the orders sent
+        #: to a chain's helper and not started or failed yet (they are pending, but no agent's child).
+        self._chain_cores = self._spawners.chain_cores
+        self._room: dict[int, int] = {}
+        self._chain_load: dict[int, int] = {}
+        self._chained = 0
 
     # -- called from the event loop ------------------------------------------------------------
 
@@ -109,15 +119,41 @@ class ProcessEngine:
             for order in orders:
                 cores = order.cores
                 if order.after_cores and (users.get(cores[0]) if len(cores) == 1 else any(users.get(c) for c in cores)):
-                    self._waiting.add(order)
+                    if self._room and self._ahead(order) and not self._waiting.waits_on(cores[0]):
+                        self._accept(order)
+                    else:
+                        self._waiting.add(order)
                 else:
                     self._accept(order)
+
+    def _ahead(self, order: ProcessOrder) -> bool:
+        """Whether ``order`` may go to its core's chain now, behind what that chain runs (the lock held):
+        its core is a chain core whose tasks are short (``_room``), used by its chain's orders only, with
+        room left; and the order opens no stream file (that would open before its task starts)."""
+        cores = order.cores
+        if len(cores) != 1 or self._stopping:
+            return False
+        core = cores[0]
+        room = self._room.get(core)
+        return (
+            room is not None
+            and room > 0
+            and self._core_users.get(core, 0) == self._chain_load.get(core, 0) <= room
+            and order.role == "rank"
+            and order.stdin_path is None
+            and order.stdout_path is None
+            and order.stderr_path is None
+            and not order.stream
+        )
 
     def _accept(self, order: ProcessOrder) -> None:
         # Called with the lock held.
         users = self._core_users
-        for c in order.cores:
+        cores = order.cores
+        for c in cores:
             users[c] = users.get(c, 0) + 1
+        if len(cores) == 1 and cores[0] in self._chain_cores:
+            self._chain_load[cores[0]] = self._chain_load.get(cores[0], 0) + 1
         self._pending_orders += 1
         self._handoffs += 1
         ref = (order.job_id, order.slot)
@@ -137,9 +173,14 @@ class ProcessEngine:
         """Free the order's cores and hand the orders that waited on them to their spawners (the lock
         held); True if any."""
         users = self._core_users
-        for c in order.cores:
+        cores = order.cores
+        for c in cores:
             users[c] -= 1
-        return bool(self._waiting_orders) and self._waiting.release(order.cores, users, self._accept)
+        if len(cores) == 1 and cores[0] in self._chain_cores:
+            self._chain_load[cores[0]] -= 1
+        return bool(self._waiting_orders) and self._waiting.release(
+            cores, users, self._accept, ahead=self._ahead if self._room else None
+        )
 
     def poll(self, mono: float) -> None:
         """Nothing to do at a given time: the spawner and reaper threads report by themselves."""
@@ -214,6 +255,8 @@ class ProcessEngine:
                     self._report(TaskEvent(ref[0], ref[1], "exited", time.time(), {"reason": reason, "spawned": False}))
                 elif self._pending_orders:
                     self._cancelled[ref] = reason
+                    if self._chained:
+                        self._spawners.cancel(ref)
                 else:
                     return False
                 notify = waiting is not None
@@ -221,17 +264,24 @@ class ProcessEngine:
                 notify = False
                 if run.reason is None:
                     run.reason = reason
-                pid = run.pid
         if run is None:
             if notify:
                 self._notify()
             return True
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            pass
-        self._trees.kill(run.tag, run.order.job_id, pid, sig)
+        self._signal(run, sig)
         return True
+
+    def _signal(self, run: Running, sig: int) -> None:
+        """Signal a task's process group (through the helper that reaps it, if one does), and what of its
+        tree left that group (agent.trees)."""
+        if run.signal is not None:
+            run.signal(sig)
+        else:
+            try:
+                os.killpg(run.pid, sig)
+            except ProcessLookupError:
+                pass
+        self._trees.kill(run.tag, run.order.job_id, run.pid, sig)
 
     def kill_rest(self) -> None:
         """The agent is stopping: what ended tasks left running gets SIGTERM too, SIGKILL after the kill
@@ -315,7 +365,7 @@ class ProcessEngine:
             fd = self._reaper.take_sentinel_fd()
         self._reaper.stop(fd)
         self._spawners.stop(pinned)
-        threads = [self._spawners.thread, self._reaper.thread, *(thread for _, thread in pinned)]
+        threads = [self._spawners.thread, self._reaper.thread, *(lane.thread for lane in pinned)]
         for t in threads:
             t.join(timeout=10)
         self._trees.stop()  # what the tasks left running: nothing of theirs outlives the agent
@@ -362,6 +412,10 @@ class ProcessEngine:
             # Not pending from here on, in the same step: an exit reaped right away (a short task's)
             # must not see its own order still being started, and be held for it (_report).
             self._unpend(run.order)
+            # Killed while it was being started: it gets the kill now.
+            cancelled = self._cancelled.pop(ref, None) if self._cancelled else None
+            if cancelled is not None:
+                run.reason = cancelled
             if self._pidfds:  # in the same step: the reaper never sees "nothing left" while it starts
                 if reaps:
                     own = True
@@ -369,6 +423,8 @@ class ProcessEngine:
                     self._reaper.watch(pid)
             else:
                 self._cv.notify()  # (a reaper that lost its sentinel waits for it; with pidfds none does)
+        if cancelled is not None:
+            self._signal(run, signal.SIGTERM)
         if early is not None:
             try:
                 self._finish(pid, *early)
@@ -388,7 +444,8 @@ class ProcessEngine:
         with self._lock:
             run = self._by_pid.pop(pid, None)
             if run is None:
-                if self._pending_orders > self._handoffs:  # a spawner may not have put it in the table yet
+                # A spawner may not have put it in the table yet (orders sent to chains are no children).
+                if self._pending_orders - self._chained > self._handoffs:
                     self._keep_early(pid, status, rusage, mono)
                 # else it is no task: a descendant of one, adopted by the agent (agent.trees), reaped
                 # by wait4(-1) (without pidfds)
@@ -396,6 +453,8 @@ class ProcessEngine:
             # The process is gone: its cores first, so that the order waiting on them reaches its
             # spawner before anything else (the task's exit event, the loop's wake-up) takes the GIL.
             order = run.order
+            if run.signal is not None:  # a chain's: it may run orders ahead while its tasks are short
+                self._room[order.cores[0]] = _AHEAD if mono - run.started_mono < _HOLD_UNDER else 0
             self._free(order)
             ref = (order.job_id, order.slot)
         code = os.waitstatus_to_exitcode(status)
@@ -434,6 +493,46 @@ class ProcessEngine:
             wake = self._report(event)
         if wake:
             self._notify()
+
+    # -- called from a chain's thread (agent.chaining) --------------------------------------------
+
+    def _sent_to_chain(self, n: int) -> None:
+        with self._lock:
+            self._chained += n
+
+    def _cancel_reason(self, ref: ProcessRef) -> str:
+        """Why the order of ``ref`` was withdrawn from a chain: its kill's reason, else the agent's stop."""
+        with self._lock:
+            return self._cancelled.pop(ref, None) or "agent exiting"
+
+    def _unchain(self, cpu: int) -> None:
+        """The chain of ``cpu`` has no helper: its core gets one order at a time again."""
+        with self._lock:
+            for core in self._chain_cores:
+                if self._cpu_map.get(core, core) == cpu:
+                    self._room.pop(core, None)
+
+    def _lost(self, run: Running, message: str) -> None:
+        """A started task whose helper died: its exit is lost. It fails, its cores are free, and what runs
+        of it (adopted by the agent, as the helper's orphan) is killed by its mark."""
+        order = run.order
+        ref = (order.job_id, order.slot)
+        with self._lock:
+            if self._by_pid.get(run.pid) is run:
+                del self._by_pid[run.pid]
+            if self._by_ref.get(ref) is run:
+                del self._by_ref[ref]
+            self._free(order)
+            wake = self._report(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": message}))
+        self._trees.kill(run.tag, order.job_id, 0, signal.SIGKILL)
+        if wake:
+            self._notify()
+
+    def _lost_order(self, tag: int, order: ProcessOrder) -> None:
+        """An order whose helper died before it reported a start (reported failed): it never started, or
+        what it started is killed by its mark."""
+        self._trees.kill(tag, order.job_id, 0, signal.SIGKILL)
+        self._never_started(order)
 
     def _keep_early(self, pid: int, status: int, rusage: Any, mono: float) -> None:
         """An exit reaped before its spawner put the process in the table (the lock held), kept for
@@ -498,4 +597,5 @@ _START_HOLD: Final = 0.005  # seconds a running task's ``started`` event may wai
 _EXIT_HOLD: Final = 0.02
 _EXIT_HOLD_LONG: Final = 0.002  # the same for exits of tasks that ran _HOLD_UNDER or longer (few per second)
 _HOLD_UNDER: Final = 0.02
+_AHEAD: Final = AHEAD  # orders a chain core may be given beyond the one it runs (agent.chaining)
 _EARLY_KEPT: Final = 5.0  # seconds an exit no spawner claimed is kept (_keep_early)

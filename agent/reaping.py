@@ -3,7 +3,8 @@
 - With pidfds (Linux 5.3 and later), the reaper thread waits for the children no pinned spawner waits
   for itself (several cpus, several cores on one cpu, rlimits) by their pidfds in one epoll; no thread
   ever calls ``wait4(-1)``, which would take a pinned spawner's child. A pinned spawner reaps its own
-  child through :meth:`Reaper.reap` on its own thread.
+  child through :meth:`Reaper.reap` on its own thread; a chained one's tasks are its helper's
+  children, reaped by the helper (:mod:`agent.chaining`).
 - Without, the reaper thread blocks in ``wait4(-1)``; a sentinel child that lives as long as the engine
   keeps it there while no task runs (see _start_sentinel). It also takes the exits of the processes the
   agent adopted as child subreaper (a task's descendants whose parent died), which ``_finish`` drops; with

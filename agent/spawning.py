@@ -40,14 +40,15 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
-from agent import environment, forkserver
+from agent import chaining, environment, forkserver
+from agent.chaining import Cancel, Chain, Item
 from agent.forkserver import ForkServer, HelperGone, SpawnError
 from agent.output_streams import StreamCollector
 from agent.table import Running
 from agent.trees import MARK
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
-from pilot.wire.messages import TaskEvent
+from pilot.wire.messages import ProcessRef, TaskEvent
 
 if TYPE_CHECKING:
     from agent.processes import ProcessEngine
@@ -80,6 +81,39 @@ class _OpenError(Exception):
 
 
 @dataclass(slots=True)
+class Prepared:
+    """A task ready to start (:meth:`Spawners.prepare`)."""
+
+    order: ProcessOrder
+    tag: int  # numbers the agent's starts: the task's mark (agent.trees)
+    argv: list[str]
+    cwd: str
+    env: Mapping[str, str] | None  # the task's whole environment; None: ``sent`` over the agent's
+    sent: Mapping[str, str]  # what the helper's request carries (over ``base``)
+    base: forkserver.EnvBlock | None  # the agent's environment, encoded once (Spawners._base_block)
+    full: dict[str, str] | None  # the whole environment, built (without a helper, or for a pre process)
+    env_file: str | None  # where a pre process leaves its environment
+    files: list[int] = field(default_factory=list)  # stream files opened for it, closed once it starts
+
+    def running(
+        self,
+        pid: int,
+        popen: subprocess.Popen[bytes] | None,
+        started: float,
+        mono: float,
+        signal: Callable[[int], None] | None = None,
+    ) -> tuple[Running, TaskEvent]:
+        """Its row in the engine's table once it has started, and its ``started`` event."""
+        order = self.order
+        event = TaskEvent(order.job_id, order.slot, "started", started, {"pid": pid})
+        full = self.full if self.env_file is not None else None
+        run = Running(
+            order, pid, popen, started, mono, self.env_file, full, start_event=event, tag=self.tag, signal=signal
+        )
+        return run, event
+
+
+@dataclass(slots=True)
 class _Spawner:
     """One spawner thread's own state."""
 
@@ -90,6 +124,22 @@ class _Spawner:
     cwd: str | None = None  # the thread's cwd, once it changed it
     dirs: dict[str, str] = field(default_factory=dict)  # an order's directory -> the task's cwd
     helper: ForkServer | None = None  # what starts its tasks (agent.forkserver); None: it does itself
+    chained: bool = False  # its tasks start through a chained helper (agent.chaining)
+
+
+@dataclass(slots=True)
+class Lane:
+    """A pinned spawner: its queue, its thread, and its chain if it is one."""
+
+    queue: SimpleQueue[Item]
+    thread: threading.Thread
+    chain: Chain | None
+
+    def put(self, item: Item) -> None:
+        if self.chain is not None:
+            self.chain.put(item)  # (and wakes its thread)
+        else:
+            self.queue.put(item)
 
 
 class Spawners:
@@ -108,10 +158,10 @@ class Spawners:
         self._node = node
         self._cpu_map = cpu_map
         self._workdir = workdir
-        self._orders: SimpleQueue[ProcessOrder | None] = SimpleQueue()  # the general spawner's
+        self._orders: SimpleQueue[Item] = SimpleQueue()  # the general spawner's
         #: One spawner per real cpu that one-cpu orders ran on, pinned to it once: setting the spawning
         #: thread's affinity per order migrates it first (~150 us, the GIL held), for every task.
-        self._pinned: dict[int, tuple[SimpleQueue[ProcessOrder | None], threading.Thread]] = {}
+        self._pinned: dict[int, Lane] = {}
         self._nodefiles: dict[tuple[str, ...], str] = {}
         self._nodefiles_lock = threading.Lock()
         self._all_cpus = sorted(os.sched_getaffinity(0))
@@ -136,11 +186,18 @@ class Spawners:
         self._helper_exe = forkserver.build(workdir=workdir) if forkserver.enabled() else None
         if self._helper_exe is None and not forkserver.enabled():
             log.info("spawning tasks from the agent's process", setting=f"{forkserver.ENV_FORKSERVER}=0")
+        #: Declared cores whose cpu's spawner chains its tasks (agent.chaining): one declared core alone on
+        #: a cpu, pidfds, and a helper. Not all of them get a chain: only those in use (hand).
+        self.chain_cores: frozenset[int] = frozenset(
+            c
+            for c in node.processors
+            if self._helper_exe is not None and chaining.enabled() and self._cpu_map.get(c, c) in self._own_reaping
+        )
         self.thread = threading.Thread(target=self._loop, name="pilot-spawner", daemon=True)
 
     def hand(self, order: ProcessOrder, *, stopping: bool) -> None:
         """Put an order on its spawner's queue (the engine's lock held): the pinned spawner of its one
-        real cpu, started on first use, or the general one."""
+        real cpu, started on first use (chained where its core is a chain core), or the general one."""
         cores = order.cores
         if len(cores) == 1:
             cpu: int | None = self._cpu_map.get(cores[0], cores[0])
@@ -148,28 +205,41 @@ class Spawners:
             cpus = {self._cpu_map.get(c, c) for c in cores}
             cpu = cpus.pop() if len(cpus) == 1 else None
         if cpu is not None and not stopping:
-            pinned = self._pinned.get(cpu)
-            if pinned is None and len(self._pinned) < _MAX_PINNED and cpu in self._all_cpus:
-                queue: SimpleQueue[ProcessOrder | None] = SimpleQueue()
-                thread = threading.Thread(
-                    target=self._loop, args=(queue, cpu), name=f"pilot-spawner-{cpu}", daemon=True
-                )
-                pinned = self._pinned[cpu] = (queue, thread)
-                thread.start()
-            if pinned is not None:
-                pinned[0].put(order)
+            lane = self._pinned.get(cpu)
+            if lane is None and len(self._pinned) < _MAX_PINNED and cpu in self._all_cpus:
+                if len(cores) == 1 and cores[0] in self.chain_cores and self._helper_exe is not None:
+                    chain = Chain(
+                        spawners=self, engine=self._engine, cpu=cpu, exe=self._helper_exe, devnull=self.devnull
+                    )
+                    lane = self._pinned[cpu] = Lane(chain.queue, chain.thread, chain)
+                else:
+                    queue: SimpleQueue[Item] = SimpleQueue()
+                    thread = threading.Thread(
+                        target=self._loop, args=(queue, cpu), name=f"pilot-spawner-{cpu}", daemon=True
+                    )
+                    lane = self._pinned[cpu] = Lane(queue, thread, None)
+                lane.thread.start()
+            if lane is not None:
+                lane.put(order)
                 return
         self._orders.put(order)
 
-    def pinned(self) -> list[tuple[SimpleQueue[ProcessOrder | None], threading.Thread]]:
+    def cancel(self, ref: ProcessRef) -> None:
+        """Withdraw the order of ``ref`` wherever a chain has queued it at its helper (the engine's lock
+        held: a kill of an order not started yet)."""
+        for lane in self._pinned.values():
+            if lane.chain is not None:
+                lane.chain.put(Cancel(ref))
+
+    def pinned(self) -> list[Lane]:
         """The pinned spawners (the engine's lock held)."""
         return list(self._pinned.values())
 
-    def stop(self, pinned: list[tuple[SimpleQueue[ProcessOrder | None], threading.Thread]]) -> None:
+    def stop(self, pinned: list[Lane]) -> None:
         """Have every spawner end once it has taken the orders queued before."""
         self._orders.put(None)
-        for queue, _ in pinned:
-            queue.put(None)
+        for lane in pinned:
+            lane.put(None)
 
     def close(self) -> None:
         """Once no spawner runs."""
@@ -177,26 +247,32 @@ class Spawners:
 
     # -- spawner threads ------------------------------------------------------------------------
 
-    def _loop(self, queue: SimpleQueue[ProcessOrder | None] | None = None, cpu: int | None = None) -> None:
+    def _loop(self, queue: SimpleQueue[Item] | None = None, cpu: int | None = None) -> None:
         """Spawn the orders of ``queue`` (default: the general one) in order. With ``cpu``, this thread
         runs on that cpu alone, so what it spawns inherits that pinning without a syscall per order."""
-        if queue is None:
-            queue = self._orders
+        spawner = self.spawner(cpu, reaps=cpu in self._own_reaping)
+        spawner.helper = self.start_helper()
+        try:
+            self.serve(self._orders if queue is None else queue, spawner)
+        finally:
+            if spawner.helper is not None:
+                spawner.helper.close()
+
+    def spawner(self, cpu: int | None, *, reaps: bool) -> _Spawner:
+        """The calling thread's spawner state, the thread pinned to ``cpu`` first (if given and allowed)."""
         if cpu is not None:
             try:
                 os.sched_setaffinity(0, {cpu})
             except OSError as exc:
                 log.warning("cannot pin a spawner thread; pinning per order", cpu=cpu, error=str(exc))
                 cpu = None
-        spawner = _Spawner(pinned=cpu is not None, own_cwd=_own_cwd(), reaps=cpu in self._own_reaping)
-        spawner.helper = self._start_helper()
-        try:
-            self._serve(queue, spawner)
-        finally:
-            if spawner.helper is not None:
-                spawner.helper.close()
+        return _Spawner(pinned=cpu is not None, own_cwd=_own_cwd(), reaps=cpu is not None and reaps)
 
-    def _start_helper(self) -> ForkServer | None:
+    def seal_fds(self) -> None:
+        """Before a helper starts: no fd of the agent's but 0-2 reaches it (see _seal_fds)."""
+        _seal_fds()
+
+    def start_helper(self) -> ForkServer | None:
         """The calling spawner's helper (pinned like the thread), or None to spawn from this process."""
         if self._helper_exe is None:
             return None
@@ -207,12 +283,15 @@ class Spawners:
             log.warning("cannot start the spawn helper; spawning from the agent's process", error=str(exc))
             return None
 
-    def _serve(self, queue: SimpleQueue[ProcessOrder | None], spawner: _Spawner) -> None:
+    def serve(self, queue: SimpleQueue[Item], spawner: _Spawner) -> None:
+        """Start the orders of ``queue`` one by one until its None."""
         engine = self._engine
         while True:
             order = queue.get()
             if order is None:
                 return
+            if not isinstance(order, ProcessOrder):  # (a chain's item, for its helper: it has none now)
+                continue
             spawned = False
             try:
                 spawned = self._spawn(order, spawner)
@@ -235,6 +314,51 @@ class Spawners:
         ref = (order.job_id, order.slot)
         if not self._engine._taken(ref):
             return False
+        prep = self.prepare(order, spawner)
+        try:
+            streams = self.open_streams(prep)
+            helper = spawner.helper
+            pin = not spawner.pinned and bool(order.cores)
+            if pin and helper is None:
+                os.sched_setaffinity(0, {self._cpu_map.get(c, c) for c in order.cores})
+            try:
+                t0, m0 = time.time(), time.monotonic()
+                popen = None
+                if helper is not None:
+                    cpus = {self._cpu_map.get(c, c) for c in order.cores} if pin else None
+                    pid = self._helper_spawn(spawner, helper, prep, streams, cpus)
+                elif prep.full is None:  # (cannot be: without a helper, the whole environment is built)
+                    raise RuntimeError("no environment for a spawn without the helper")
+                elif spawner.own_cwd and not order.rlimits:
+                    pid = self._posix_spawn(spawner, prep.argv, prep.cwd, prep.full, streams)
+                else:
+                    popen = subprocess.Popen(
+                        prep.argv,
+                        cwd=prep.cwd,
+                        env=prep.full,
+                        stdin=streams[0],
+                        stdout=streams[1],
+                        stderr=streams[2],
+                        close_fds=True,
+                        process_group=0,
+                        preexec_fn=_limits(order.rlimits) if order.rlimits else None,
+                    )
+                    pid = popen.pid
+            finally:
+                if pin and helper is None:
+                    os.sched_setaffinity(0, self._all_cpus)
+        except (_OpenError, subprocess.SubprocessError, OSError) as exc:
+            self.fail(prep, exc)
+            return False
+        finally:
+            self.close_files(prep)
+        run, event = prep.running(pid, popen, t0, m0)
+        if self._engine._started(ref, run, event, reaps=spawner.reaps and popen is None):
+            spawner.child = pid
+        return True
+
+    def prepare(self, order: ProcessOrder, spawner: _Spawner) -> Prepared:
+        """What a task is started with: its directory, argv and environment, its mark's tag."""
         cwd = spawner.dirs.get(order.directory)
         if cwd is None:
             directory = order.directory
@@ -247,7 +371,7 @@ class Spawners:
         full: dict[str, str] | None = None
         env: Mapping[str, str] | None  # None: ChainMap(sent, the agent's), made only where needed (_over)
         if (
-            spawner.helper is not None
+            (spawner.helper is not None or spawner.chained)
             and order.role == "rank"
             and order.inherit_environment
             and not order.pre_environment
@@ -283,113 +407,70 @@ class Spawners:
                 argv = ["/bin/sh", "-c", _PRE_SCRIPT, "pilot-pre", script, env_file]
             else:
                 argv = ["/bin/sh", "-c", _POST_SCRIPT, "pilot-post", script]
-        files: list[int] = []
-        try:
-            if (
-                order.stdin_path is None
-                and order.stdout_path is None
-                and order.stderr_path is None
-                and not order.stream
-            ):
-                streams = _NO_STREAMS
-            else:
-                streams = self._streams(order, cwd, files)
-            helper = spawner.helper
-            pin = not spawner.pinned and bool(order.cores)
-            if pin and helper is None:
-                os.sched_setaffinity(0, {self._cpu_map.get(c, c) for c in order.cores})
-            try:
-                t0, m0 = time.time(), time.monotonic()
-                popen = None
-                if helper is not None:
-                    cpus = {self._cpu_map.get(c, c) for c in order.cores} if pin else None
-                    pid = self._helper_spawn(spawner, helper, order, argv, cwd, env, sent, base, streams, cpus)
-                elif full is None:  # (cannot be: without a helper, the whole environment is built)
-                    raise RuntimeError("no environment for a spawn without the helper")
-                elif spawner.own_cwd and not order.rlimits:
-                    pid = self._posix_spawn(spawner, argv, cwd, full, streams)
-                else:
-                    popen = subprocess.Popen(
-                        argv,
-                        cwd=cwd,
-                        env=full,
-                        stdin=streams[0],
-                        stdout=streams[1],
-                        stderr=streams[2],
-                        close_fds=True,
-                        process_group=0,
-                        preexec_fn=_limits(order.rlimits) if order.rlimits else None,
-                    )
-                    pid = popen.pid
-            finally:
-                if pin and helper is None:
-                    os.sched_setaffinity(0, self._all_cpus)
-        except _OpenError as exc:
-            self._engine._emit(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": str(exc)}))
-            return False
-        except subprocess.SubprocessError as exc:  # a limit the kernel refused in the child
+        return Prepared(order, tag, argv, cwd, env, sent, base, full, env_file)
+
+    def open_streams(self, prep: Prepared) -> tuple[int, int, int]:
+        """The task's stdin, stdout and stderr (:class:`_OpenError` when one cannot be opened); what was
+        opened goes to ``prep.files``, for :meth:`close_files` once the task has them."""
+        order = prep.order
+        if order.stdin_path is None and order.stdout_path is None and order.stderr_path is None and not order.stream:
+            return _NO_STREAMS
+        return self._streams(order, prep.cwd, prep.files)
+
+    def close_files(self, prep: Prepared) -> None:
+        if prep.files:
+            for fd in set(prep.files):
+                os.close(fd)
+            prep.files.clear()
+
+    def request(self, prep: Prepared, cpus: set[int] | None) -> bytes:
+        """The helper's request for the task (forkserver.request)."""
+        exe = prep.argv[0]
+        path = exe if "/" in exe else _which(exe, self.environ(prep))
+        limits = _limit_settings(prep.order.rlimits) if prep.order.rlimits else []
+        return forkserver.request(path, prep.argv, prep.sent, cwd=prep.cwd, cpus=cpus, limits=limits, base=prep.base)
+
+    def environ(self, prep: Prepared) -> Mapping[str, str]:
+        """The task's whole environment."""
+        return self._over(prep.sent) if prep.env is None else prep.env
+
+    def fail(self, prep: Prepared, exc: Exception) -> None:
+        """Report that the task could not start, and why, in the user's terms."""
+        order = prep.order
+        if isinstance(exc, _OpenError):
+            message = str(exc)
+        elif isinstance(exc, subprocess.SubprocessError):  # a limit the kernel refused in the child
             message = f"setting the ResourceLimits {order.rlimits} failed: {exc}"
-            self._engine._emit(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": message}))
-            return False
-        except SpawnError as exc:
-            if exc.step == forkserver.STEP_RLIMIT:
-                message = f"setting the ResourceLimits {order.rlimits} failed: {exc.strerror}"
-            else:
-                message = self._explain(exc, argv, cwd, self._over(sent) if env is None else env)
-            self._engine._emit(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": message}))
-            return False
-        except OSError as exc:
-            self._engine._emit(
-                TaskEvent(
-                    order.job_id,
-                    order.slot,
-                    "failed",
-                    time.time(),
-                    {"message": self._explain(exc, argv, cwd, self._over(sent) if env is None else env)},
-                )
-            )
-            return False
-        finally:
-            if files:
-                for fd in set(files):
-                    os.close(fd)
-        started = TaskEvent(order.job_id, order.slot, "started", t0, {"pid": pid})
-        run = Running(
-            order, pid, popen, t0, m0, env_file, full if env_file is not None else None, start_event=started, tag=tag
-        )
-        if self._engine._started(ref, run, started, reaps=spawner.reaps and popen is None):
-            spawner.child = pid
-        return True
+        elif isinstance(exc, SpawnError) and exc.step == forkserver.STEP_RLIMIT:
+            message = f"setting the ResourceLimits {order.rlimits} failed: {exc.strerror}"
+        elif isinstance(exc, OSError):
+            message = self._explain(exc, prep.argv, prep.cwd, self.environ(prep))
+        else:
+            message = f"agent error: {exc}"
+        self._engine._emit(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": message}))
 
     def _helper_spawn(
         self,
         spawner: _Spawner,
         helper: ForkServer,
-        order: ProcessOrder,
-        argv: list[str],
-        cwd: str,
-        env: Mapping[str, str] | None,
-        sent: Mapping[str, str],
-        base: forkserver.EnvBlock | None,
+        prep: Prepared,
         streams: tuple[int, int, int],
         cpus: set[int] | None,
     ) -> int:
-        """Start the task through the spawner's helper (``env``: the task's environment, or None for
-        ``sent`` over the agent's; ``sent`` goes in the request along with ``base``). One that has gone
-        is replaced; the order goes to the new one if the old never got it, else it fails (its task may
-        have started: never start it twice), as it does when no new helper starts."""
-        exe = argv[0]
-        path = exe if "/" in exe else _which(exe, self._over(sent) if env is None else env)
-        limits = _limit_settings(order.rlimits) if order.rlimits else []
+        """Start the task through the spawner's helper. One that has gone is replaced; the order goes to
+        the new one if the old never got it, else it fails (its task may have started: never start it
+        twice), as it does when no new helper starts."""
+        body = self.request(prep, cpus)
         try:
-            return helper.spawn(path, argv, sent, cwd=cwd, streams=streams, cpus=cpus, limits=limits, base=base)
+            return helper.ask(body, streams)
         except HelperGone as exc:
+            order = prep.order
             log.error("the spawn helper ended; starting another", job=order.job_id, slot=order.slot, error=str(exc))
             helper.close()
-            spawner.helper = self._start_helper()
+            spawner.helper = self.start_helper()
             if exc.sent or spawner.helper is None:  # (without one, the next orders start from the agent)
                 raise
-        return spawner.helper.spawn(path, argv, sent, cwd=cwd, streams=streams, cpus=cpus, limits=limits, base=base)
+        return spawner.helper.ask(body, streams)
 
     def _over(self, sent: Mapping[str, str]) -> Mapping[str, str]:
         """The environment of a task whose ``sent`` variables go over the agent's (the helper path)."""

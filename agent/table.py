@@ -61,25 +61,56 @@ class WaitingOrders:
                 return order
         return None
 
-    def release(self, cores: list[int], users: dict[int, int], start: Callable[[ProcessOrder], None]) -> bool:
+    def waits_on(self, core: int) -> bool:
+        """Whether an order waits for ``core``."""
+        on = self._on.get(core)
+        if not on:
+            return False
+        orders = self.orders
+        while on and on[0] not in orders:
+            on.popleft()
+        return bool(on)
+
+    def release(
+        self,
+        cores: list[int],
+        users: dict[int, int],
+        start: Callable[[ProcessOrder], None],
+        *,
+        ahead: Callable[[ProcessOrder], bool] | None = None,
+    ) -> bool:
         """``cores`` were just released (``users``: processes per core): ``start`` the orders that now
-        can, in arrival order; True if any."""
+        can, in arrival order; True if any. ``ahead``: whether an order may start on its one busy core
+        all the same (a chain core's, agent.chaining): the orders first on that core go while it says so."""
         orders = self.orders
         if len(cores) == 1:  # (most orders: one core, whose waiting orders are in arrival order already)
             core = cores[0]
             on = self._on.get(core)
-            if on is None or users.get(core):
+            if on is None:
                 return False
-            while on and on[0] not in orders:
-                on.popleft()
-            for seq in on:
-                order = orders.get(seq)
-                # (an order of this one core alone needs no look at the others: it is free)
-                if order is not None and (len(order.cores) == 1 or not any(users.get(c) for c in order.cores)):
-                    del orders[seq]
-                    start(order)  # its core is busy again: nothing else on it can start
-                    return True
-            return False
+            started = False
+            if not users.get(core):
+                while on and on[0] not in orders:
+                    on.popleft()
+                for seq in on:
+                    order = orders.get(seq)
+                    # (an order of this one core alone needs no look at the others: it is free)
+                    if order is not None and (len(order.cores) == 1 or not any(users.get(c) for c in order.cores)):
+                        del orders[seq]
+                        start(order)  # its core is busy again: only what may go ahead of it can start
+                        started = True
+                        break
+                else:
+                    return False
+            if ahead is not None:
+                while True:
+                    while on and on[0] not in orders:
+                        on.popleft()
+                    if not on or not ahead(orders[on[0]]):
+                        break
+                    start(orders.pop(on.popleft()))
+                    started = True
+            return started
         freed = [c for c in cores if not users.get(c)]
         if not freed or not orders:
             return False
@@ -123,3 +154,5 @@ class Running:
     tree_rss: int = 0  # its tree's RSS at the last sample (the node's Utilized memory, virtual nodes)
     start_event: TaskEvent | None = None  # its ``started`` event, which its exit makes redundant (_finish)
     tag: int = 0  # numbers the agent's starts: the mark its descendants inherit (agent.trees)
+    #: Signals its process group through the helper that reaps it (agent.chaining); None: the agent's child
+    signal: Callable[[int], None] | None = None

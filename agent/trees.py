@@ -27,6 +27,8 @@ daemons do) is not in it. So:
   owns every child of its process: the agent starts no other (see :mod:`agent.probe`). The spawners'
   helpers (:mod:`agent.forkserver`) are its children too, unmarked: never adopted nor killed here, they
   end when their spawner closes their socket (and one that exited early is reaped here like an adopted one).
+  A chained helper's tasks are its own children (:mod:`agent.chaining`); a task whose helper died is the
+  agent's like any orphan, adopted here by its mark.
 
 Why marks and a subreaper, not a cgroup per task: a writable, delegated cgroup v2 is rare on batch nodes
 (the LRM owns the job's cgroup; many sites still run cgroup v1), while this needs nothing of the site but
@@ -308,7 +310,8 @@ class Trees:
             try:
                 with engine._lock:
                     # A spawner between its spawn and the table may hold this very child.
-                    task = pid in engine._by_pid or engine._pending_orders > engine._handoffs
+                    # (Orders sent to a chain's helper are pending too, but become no child of the agent's.)
+                    task = pid in engine._by_pid or engine._pending_orders - engine._chained > engine._handoffs
                 if task:
                     return found
                 try:

@@ -10,9 +10,10 @@ daemon sends it; each TASK_EVENTS frame's exits are answered with one LAUNCH of 
 The default window is the daemon's own at full rate (``pilot.backlog``, 128 behind a busy core);
 ``--window 1`` is the round trip's regime, one order at a time per core.
 
-The agent's CPU is this process's CPU time less the main thread's (the tasks and the spawn helpers are
-other processes: not counted); ``--launch null`` times the agent without processes (its loop, the
-decoding and the events). Under cachegrind the count includes the main thread's part; how the agent's
+The agent's CPU is this process's CPU time less the main thread's (the tasks are other processes: not
+counted); the spawn helpers' own CPU is given apart (``helpers``, read just before they end).
+``--launch null`` times the agent without processes (its loop, the decoding and the events). Under
+cachegrind the count includes the main thread's part; how the agent's
 turns batch the exits depends on timing, so counts repeat to a few per cent, not as closely as
 ``bench.daemon_cost``'s (see its docstring for the method: the difference of two runs' 'I refs')::
 
@@ -143,6 +144,20 @@ class Harness:
             raise RuntimeError("the agent in this process failed") from self.failure
 
 
+def _helpers_cpu() -> float:
+    """CPU seconds of this process's spawn helpers (all started by the harness's agent)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children():
+        try:
+            if os.path.basename(child.cmdline()[0]).startswith("forkserver-"):
+                total += sum(child.cpu_times()[:2])
+        except (psutil.Error, IndexError):
+            continue
+    return total
+
+
 def measure(*, tasks: int, cores: int, window: int, launch: str = "spawn") -> dict[str, Any]:
     """One fresh agent: ``tasks`` orders through it; its CPU per task (µs) and how many exited 0."""
     from pilot.collector import collect_rarely
@@ -157,10 +172,12 @@ def measure(*, tasks: int, cores: int, window: int, launch: str = "spawn") -> di
                 p0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
                 ok = h.run(tasks, cores, window)
                 p1, t1, w1 = time.process_time(), time.thread_time(), time.perf_counter()
+                helpers = _helpers_cpu()
             finally:
                 h.close()
     return {
         "us_per_task": ((p1 - p0) - (t1 - t0)) / tasks * 1e6,
+        "helpers_us_per_task": helpers / tasks * 1e6,
         "harness_us_per_task": (t1 - t0) / tasks * 1e6,
         "tasks_per_s": tasks / (w1 - w0),
         "exited_ok": ok,
@@ -185,7 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         repeat=args.repeat,
         whose="agent",
         each=lambda r: (
-            f"agent {r['us_per_task']:.1f} µs/task, harness {r['harness_us_per_task']:.1f},"
+            f"agent {r['us_per_task']:.1f} µs/task, helpers {r['helpers_us_per_task']:.1f},"
+            f" harness {r['harness_us_per_task']:.1f},"
             f" {r['tasks_per_s']:.0f} tasks/s"
         ),
     )

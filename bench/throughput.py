@@ -139,9 +139,9 @@ def embedded_daemon() -> tuple[int, str]:
 
 
 class CpuMeter:
-    """CPU seconds (user + system) of this process, the embedded daemon, its agents, and the tasks
-    the agents reaped (their children's times): where each task's cost goes, a figure much less
-    sensitive to a busy machine than tasks/s."""
+    """CPU seconds (user + system) of this process, the embedded daemon, its agents with their spawn
+    helpers, and the tasks (the children that the agents and their helpers reaped: their times): where
+    each task's cost goes, a figure much less sensitive to a busy machine than tasks/s."""
 
     def __init__(self, home: Path) -> None:
         import psutil
@@ -150,17 +150,27 @@ class CpuMeter:
         self._agents = [c for c in self._daemon.children() if "agent" in " ".join(c.cmdline())]
 
     def read(self) -> dict[str, float]:
+        import psutil
+
         def cpu(procs: list[Any]) -> float:
             return sum(sum(p.cpu_times()[:2]) for p in procs)
 
         def tasks(procs: list[Any]) -> float:
             return sum(sum(p.cpu_times()[2:4]) for p in procs)
 
+        helpers = []  # (a chained helper reaps its tasks itself: agent.chaining)
+        for agent in self._agents:
+            for child in agent.children():
+                try:
+                    if os.path.basename(child.cmdline()[0]).startswith("forkserver-"):
+                        helpers.append(child)
+                except (psutil.Error, IndexError):
+                    continue
         return {
             "client": time.process_time(),
             "daemon": cpu([self._daemon]),
-            "agent": cpu(self._agents),
-            "tasks": tasks(self._agents),
+            "agent": cpu(self._agents) + cpu(helpers),
+            "tasks": tasks(self._agents) + tasks(helpers),
         }
 
 

@@ -63,6 +63,9 @@ def _sleeper(tmp_path: Path, name: str, *, restartable: bool = False, retries: i
 def _agent_of(task: psutil.Process) -> tuple[psutil.Process, str]:
     agent = task.parent()
     assert agent is not None
+    if os.path.basename(agent.cmdline()[0]).startswith("forkserver-"):  # a chained spawn helper's task
+        agent = agent.parent()
+        assert agent is not None
     node = agent.environ()["PILOT_AGENT_NODE"]
     return agent, node
 

@@ -1,0 +1,208 @@
+"""The chained spawner (agent.chaining), driven through the process engine with real processes: a core
+whose tasks are short is given orders ahead, its helper starts each when the one before has exited, and
+nothing of the engine's contract changes: each order runs once, one at a time on its core, in order;
+kills reach running and queued tasks; long tasks get no orders ahead (those stay withdrawable); and a
+helper that dies loses no order silently and runs none twice."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from pilot_waits import wait_for
+
+from agent.processes import ProcessEngine
+from pilot.model.node import NodeConfigured
+from pilot.model.process_order import ProcessOrder
+from pilot.wire.messages import TaskEvent
+
+
+class _Engine:
+    """An engine on one declared core of one real cpu (a chain core), and the events it gives."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.cpu = min(os.sched_getaffinity(0))
+        self.poked = threading.Event()
+        node = NodeConfigured("n0", "localhost", [self.cpu], 1 << 30)
+        self.engine = ProcessEngine(node=node, workdir=tmp_path, notify=self.poked.set)
+        self.events: list[TaskEvent] = []
+
+    def order(self, job: str, script: str, *, after: bool = True, **kwargs: object) -> ProcessOrder:
+        return ProcessOrder(
+            job_id=job,
+            slot=0,
+            role="rank",
+            executable="/bin/sh",
+            arguments=["-c", script],
+            cores=[self.cpu],
+            after_cores=after,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def until(self, jobs: set[str], limit: float = 30) -> list[TaskEvent]:
+        """Drain until each of ``jobs`` has an exited, failed or withdrawn event."""
+        end = time.monotonic() + limit
+        while not jobs <= {e.job_id for e in self.events if e.kind in ("exited", "failed", "withdrawn")}:
+            assert time.monotonic() < end, f"not all of {jobs} ended: {self.events}"
+            self.events += self.engine.drain()
+            deadline = self.engine.next_deadline()
+            self.poked.wait(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
+            self.poked.clear()
+        return self.events
+
+    def ended(self, job: str) -> TaskEvent:
+        (event,) = [e for e in self.events if e.job_id == job and e.kind in ("exited", "failed", "withdrawn")]
+        return event
+
+
+def _chain_helpers() -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process().children():
+        try:
+            if p.cmdline()[1:] == ["chain"]:
+                out.append(p)
+        except (psutil.Error, IndexError):
+            pass
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_burst_runs_each_order_once_in_order_one_at_a_time_from_the_chained_helper(tmp_path: Path) -> None:
+    e = _Engine(tmp_path)
+    e.engine.start()
+    try:
+        log = tmp_path / "log"
+        n = 300
+        # Each task appends its job and its parent's pid; a task that ran while another did would see
+        # the lock taken (mkdir is atomic) and say so.
+        script = f'mkdir {tmp_path}/busy || echo overlap >> {log}; echo "$0 $PPID" >> {log}; rmdir {tmp_path}/busy'
+        orders = [
+            ProcessOrder(
+                job_id=f"j{i}",
+                slot=0,
+                role="rank",
+                executable="/bin/sh",
+                arguments=["-c", script, f"j{i}"],
+                cores=[e.cpu],
+                after_cores=i > 0,
+            )
+            for i in range(n)
+        ]
+        e.engine.submit(orders)
+        e.until({o.job_id for o in orders})
+        lines = log.read_text().split("\n")[:-1]
+        assert "overlap" not in lines, "two tasks ran on the core at once"
+        assert [line.split()[0] for line in lines] == [o.job_id for o in orders], "not each once, in order"
+        exits = [e.ended(o.job_id) for o in orders]
+        assert all(x.kind == "exited" and x.data["exit_code"] == 0 for x in exits), exits[:3]
+        assert all(x.data["max_rss"] > 0 and x.data["wall_duration"] > 0 for x in exits)
+        # Their parent was the chained helper (not the agent): the chain ran them, and it is still there.
+        parents = {int(line.split()[1]) for line in lines}
+        helpers = {p.pid for p in _chain_helpers()}
+        assert helpers and parents <= helpers, (parents, helpers)
+        # One at a time and back to back: each start is at or after the exit before it.
+        for a, b in itertools.pairwise(exits):
+            assert b.data["started"] >= a.time - 1e-3, (a, b)
+        assert not e.engine.busy()
+    finally:
+        e.engine.stop()
+
+
+@pytest.mark.timeout(60)
+def test_kills_reach_the_running_task_and_withdraw_the_queued_ones(tmp_path: Path) -> None:
+    e = _Engine(tmp_path)
+    e.engine.start()
+    try:
+        warm = [e.order(f"w{i}", "exit 0", after=i > 0) for i in range(5)]  # short tasks: orders go ahead
+        e.engine.submit(warm)
+        e.until({o.job_id for o in warm})
+        marker = tmp_path / "ran"
+        long = e.order("long", "sleep 30")
+        queued = [e.order(f"q{i}", f"touch {marker}{i}") for i in range(3)]
+        e.engine.submit([long, *queued])
+        wait_for(lambda: e.engine.is_running(("long", 0)), what="the long task to start")
+        # Queued at the helper already: not withdrawable (they run here as ordered) but killable.
+        assert not e.engine.withdraw(("q1", 0))
+        assert e.engine.kill(("q1", 0), reason="canceled")
+        assert e.engine.kill(("long", 0), reason="walltime")
+        e.until({"long", "q0", "q1", "q2"})
+        killed = e.ended("long")
+        assert killed.kind == "exited" and killed.data["signal"] == signal.SIGTERM, killed
+        assert killed.data["reason"] == "walltime"
+        withdrawn = e.ended("q1")
+        assert withdrawn.kind == "exited" and withdrawn.data == {"reason": "canceled", "spawned": False}
+        assert not (tmp_path / "ran1").exists(), "the killed order ran"
+        assert (tmp_path / "ran0").exists() and (tmp_path / "ran2").exists()
+        assert e.ended("q2").data["exit_code"] == 0
+        assert not e.engine.busy()
+    finally:
+        e.engine.stop()
+
+
+@pytest.mark.timeout(60)
+def test_behind_a_long_task_orders_wait_in_the_agent_and_stay_withdrawable(tmp_path: Path) -> None:
+    e = _Engine(tmp_path)
+    e.engine.start()
+    try:
+        first = e.order("long", "sleep 0.3", after=False)
+        e.engine.submit([first])
+        e.until({"long"})
+        # The core's last task was long: what comes behind the next long one waits here, withdrawable.
+        marker = tmp_path / "ran"
+        e.engine.submit([e.order("long2", "sleep 0.5", after=False), e.order("b", f"touch {marker}")])
+        wait_for(lambda: e.engine.is_running(("long2", 0)), what="the second long task to start")
+        assert e.engine.withdraw(("b", 0))
+        # After short tasks an order with a stream file is not sent ahead either: its file would open early.
+        e.until({"long2", "b"})
+        short = [e.order(f"s{i}", "exit 0") for i in range(3)]
+        e.engine.submit(short)
+        e.until({o.job_id for o in short})
+        out = tmp_path / "out"
+        e.engine.submit([e.order("long3", "sleep 0.5"), e.order("file", "echo hi", stdout_path=str(out))])
+        wait_for(lambda: e.engine.is_running(("long3", 0)), what="the third long task to start")
+        assert e.engine.withdraw(("file", 0))
+        e.until({"long3", "file"})
+        assert not marker.exists() and not out.exists()
+    finally:
+        e.engine.stop()
+
+
+@pytest.mark.timeout(90)
+def test_a_dead_helper_fails_what_it_had_kills_its_orphan_and_a_new_one_takes_the_next(tmp_path: Path) -> None:
+    e = _Engine(tmp_path)
+    e.engine.start()
+    try:
+        warm = [e.order(f"w{i}", "exit 0", after=i > 0) for i in range(5)]
+        e.engine.submit(warm)
+        e.until({o.job_id for o in warm})
+        pidfile = tmp_path / "pid"
+        long = e.order("long", f"echo $$ > {pidfile}; exec sleep 60")
+        behind = [e.order(f"b{i}", f"touch {tmp_path}/ran{i}") for i in range(3)]
+        e.engine.submit([long, *behind])
+        wait_for(lambda: e.engine.is_running(("long", 0)) and pidfile.exists() and pidfile.read_text().strip())
+        task = psutil.Process(int(pidfile.read_text()))
+        (helper,) = _chain_helpers()
+        helper.kill()
+        e.until({"long", "b0", "b1", "b2"})
+        lost = e.ended("long")
+        assert lost.kind == "failed" and "exit status is lost" in lost.data["message"], lost
+        for i in range(3):
+            b = e.ended(f"b{i}")
+            assert b.kind == "failed" and "may have run" in b.data["message"], b
+            assert not (tmp_path / f"ran{i}").exists(), "a queued order ran after its helper died"
+        task.wait(timeout=20)  # killed by its mark (the agent adopted it)
+        # The next orders run through a new helper, once each.
+        after = [e.order(f"n{i}", f"echo n{i} >> {tmp_path}/next") for i in range(5)]
+        e.engine.submit(after)
+        e.until({o.job_id for o in after})
+        assert (tmp_path / "next").read_text().split() == [o.job_id for o in after]
+        assert [p.pid for p in _chain_helpers()] != [helper.pid]
+        assert not e.engine.busy()
+    finally:
+        e.engine.stop()
