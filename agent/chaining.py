@@ -191,27 +191,30 @@ class Chain:
         stopping = False
         while True:
             self._woken = False  # (before the queue is read: a put after this line writes the eventfd)
-            while True:
-                try:
-                    items.append(self.queue.get_nowait())
-                except Empty:
-                    break
             out: list[bytes] = []
-            for item in items:
-                if item is None:
-                    stopping = True
-                    for seq, sent in self._sent.items():
-                        if sent.run is None:
-                            out.append(_MSG.pack(_MSG_CANCEL, 0, seq, 0))
-                elif isinstance(item, Signal):
-                    out.append(_MSG.pack(_MSG_SIGNAL, 0, item.seq, item.sig))
-                elif isinstance(item, Cancel):
-                    for seq, sent in self._sent.items():
-                        if sent.run is None and (sent.prep.order.job_id, sent.prep.order.slot) == item.ref:
-                            out.append(_MSG.pack(_MSG_CANCEL, 0, seq, 0))
-                else:
-                    self._request(item, spawner, out)
-            items = []
+            while True:  # until the queue is empty: an order that fails here can free its core for the next
+                while True:
+                    try:
+                        items.append(self.queue.get_nowait())
+                    except Empty:
+                        break
+                if not items:
+                    break
+                for item in items:
+                    if item is None:
+                        stopping = True
+                        for seq, sent in self._sent.items():
+                            if sent.run is None:
+                                out.append(_MSG.pack(_MSG_CANCEL, 0, seq, 0))
+                    elif isinstance(item, Signal):
+                        out.append(_MSG.pack(_MSG_SIGNAL, 0, item.seq, item.sig))
+                    elif isinstance(item, Cancel):
+                        for seq, sent in self._sent.items():
+                            if sent.run is None and (sent.prep.order.job_id, sent.prep.order.slot) == item.ref:
+                                out.append(_MSG.pack(_MSG_CANCEL, 0, seq, 0))
+                    else:
+                        self._request(item, spawner, out)
+                items = []
             if (out and not self._send(out, None)) or self._sock is None:
                 self._lose()
                 return False

@@ -206,3 +206,28 @@ def test_a_dead_helper_fails_what_it_had_kills_its_orphan_and_a_new_one_takes_th
         assert not e.engine.busy()
     finally:
         e.engine.stop()
+
+
+@pytest.mark.timeout(60)
+def test_an_order_that_fails_in_the_agent_hands_its_core_to_the_next(tmp_path: Path) -> None:
+    """An order the chain's thread fails itself (a NUL byte: no request is made) frees its core on that
+    thread, which puts the next order on its own queue: that one must still go, and the one behind it
+    (it waited in the agent: it names a stream file)."""
+    e = _Engine(tmp_path)
+    e.engine.start()
+    try:
+        warm = [e.order(f"w{i}", "exit 0", after=i > 0) for i in range(3)]
+        e.engine.submit(warm)
+        e.until({o.job_id for o in warm})
+        out = tmp_path / "out"
+        bad = ProcessOrder(
+            job_id="bad", slot=0, role="rank", executable="/bin/echo", arguments=["a\x00b"], cores=[e.cpu]
+        )
+        e.engine.submit([bad, e.order("file", "echo hi", stdout_path=str(out)), e.order("last", "exit 7")])
+        e.until({"bad", "file", "last"}, limit=20)
+        assert e.ended("bad").kind == "failed" and "null" in e.ended("bad").data["message"]
+        assert e.ended("file").data["exit_code"] == 0 and out.read_text() == "hi\n"
+        assert e.ended("last").data["exit_code"] == 7
+        assert not e.engine.busy()
+    finally:
+        e.engine.stop()
