@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("agent.processes")
 
 #: Orders a chained core may be given beyond the one it runs, while its tasks are short.
-AHEAD: Final = 16
+AHEAD: Final = 32
 #: ``PILOT_AGENT_CHAIN=0``: no chains; every spawner starts its tasks one request at a time (to compare).
 ENV_CHAIN: Final = "PILOT_AGENT_CHAIN"
 

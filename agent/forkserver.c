@@ -26,8 +26,9 @@
  *     MSG_CANCEL   drop the queued task of that number (a WITHDRAWN record), if it has not started
  *     MSG_SIGNAL   signal the process group of that task, if it runs (not reaped yet: its pid is its own)
  * It writes 64-byte records (struct record) back: START (pid, times), FAILED (errno, step), EXIT (wait
- * status, times, rusage) and WITHDRAWN, buffered and flushed when it has nothing to run, when FLUSH_AT
- * are buffered, or when the oldest is HOLD_NS old (a long task's START then reaches the agent).
+ * status, times, rusage) and WITHDRAWN, buffered and flushed when at most LOW_WATER requests are left
+ * in its queue (so the agent's next ones come before the queue runs dry), when FLUSH_AT are buffered,
+ * or when the oldest is HOLD_NS old.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -236,8 +237,9 @@ static int receive(void *head, size_t head_len, int fds[3]) {
 
 enum { MSG_REQUEST = 1, MSG_CANCEL, MSG_SIGNAL };
 enum { REC_START = 1, REC_FAILED, REC_EXIT, REC_WITHDRAWN };
-#define FLUSH_AT 16
-#define HOLD_NS 2000000LL
+#define FLUSH_AT 64
+#define LOW_WATER 16 /* queued requests at most, for a flush: the agent's refill arrives before they run out */
+#define HOLD_NS 10000000LL
 
 struct record {
     uint32_t kind, seq;
@@ -253,6 +255,7 @@ struct queued {
 };
 
 static struct queued *first, *last;
+static int nqueued; /* requests in the queue */
 static struct record out[FLUSH_AT];
 static int outn;
 static int64_t oldest; /* monotonic ns of out[0] */
@@ -293,6 +296,7 @@ static void drop(struct queued *q) {
 static void start_next(void) {
     struct queued *q = first;
     first = q->next;
+    nqueued--;
     if (!first)
         last = NULL;
     struct task t = {0};
@@ -370,6 +374,7 @@ static int take(void) {
         else
             first = q;
         last = q;
+        nqueued++;
         return 0;
     }
     for (int i = 0; i < nfds; i++)
@@ -383,6 +388,7 @@ static int take(void) {
                 *p = q->next;
                 if (last == q)
                     last = prev;
+                nqueued--;
                 drop(q);
                 add(REC_WITHDRAWN, head[2]);
                 break;
@@ -401,8 +407,8 @@ static int chain(void) {
     for (;;) {
         while (!cur.pid && first)
             start_next();
-        if (outn && !cur.pid && !first)
-            flush(); /* nothing to run: all the agent is owed goes now */
+        if (outn && nqueued <= LOW_WATER)
+            flush(); /* few left to run (or none): what the agent is owed goes now, and it sends more */
         int timeout = -1;
         if (outn) {
             int64_t left = oldest + HOLD_NS - now_ns(CLOCK_MONOTONIC);

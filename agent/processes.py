@@ -574,13 +574,13 @@ class ProcessEngine:
         hold = _EXIT_HOLD if wall < _HOLD_UNDER else _EXIT_HOLD_LONG
         if self._report_since is not None:
             self._hold = min(self._hold, hold)  # the loop's deadline stays as it was: at most later
-            if self._urgent or len(self._waiting_orders) > self._low_water:
+            if self._urgent or len(self._waiting_orders) + self._chained > self._low_water:
                 return False
             self._urgent = True  # half the queue is gone: the daemon must send more
         else:
             now = self._report_since = time.monotonic()
             self._hold = hold
-            waiting = len(self._waiting_orders)
+            waiting = len(self._waiting_orders) + self._chained  # (queued at a chain's helper too)
             self._low_water = waiting // 2
             if not waiting:
                 self._urgent = True
