@@ -5,7 +5,7 @@ runs its helper in the chained mode (``forkserver chain``, see forkserver.c): th
 requests it gets and starts each as soon as the task before it has exited, reaps it itself with its
 rusage and writes one record per start and exit, flushed in batches. The agent's Python then runs once
 per batch of records, warm, instead of twice per task (start, reap), cold, between the task's own
-processes: that took ~100 us of the agent's CPU per task, most of a /bin/true's cost.
+processes: those two wake-ups were most of the agent's CPU per task.
 
 How far ahead a core is given orders is the engine's (``ProcessEngine._ahead``): only while the core's
 tasks are short (an order queued at the helper can no longer be withdrawn to another node), only rank
