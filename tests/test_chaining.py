@@ -56,6 +56,12 @@ class _Engine:
             self.poked.clear()
         return self.events
 
+    def warm(self) -> None:
+        """Run a few short tasks: the core's last task is short, so its next orders may go ahead."""
+        warm = [self.order(f"w{i}", "exit 0", after=i > 0) for i in range(3)]
+        self.engine.submit(warm)
+        self.until({o.job_id for o in warm})
+
     def ended(self, job: str) -> TaskEvent:
         (event,) = [e for e in self.events if e.job_id == job and e.kind in ("exited", "failed", "withdrawn")]
         return event
@@ -119,9 +125,7 @@ def test_kills_reach_the_running_task_and_withdraw_the_queued_ones(tmp_path: Pat
     e = _Engine(tmp_path)
     e.engine.start()
     try:
-        warm = [e.order(f"w{i}", "exit 0", after=i > 0) for i in range(5)]  # short tasks: orders go ahead
-        e.engine.submit(warm)
-        e.until({o.job_id for o in warm})
+        e.warm()
         marker = tmp_path / "ran"
         long = e.order("long", "sleep 30")
         queued = [e.order(f"q{i}", f"touch {marker}{i}") for i in range(3)]
@@ -178,9 +182,7 @@ def test_a_dead_helper_fails_what_it_had_kills_its_orphan_and_a_new_one_takes_th
     e = _Engine(tmp_path)
     e.engine.start()
     try:
-        warm = [e.order(f"w{i}", "exit 0", after=i > 0) for i in range(5)]
-        e.engine.submit(warm)
-        e.until({o.job_id for o in warm})
+        e.warm()
         pidfile = tmp_path / "pid"
         long = e.order("long", f"echo $$ > {pidfile}; exec sleep 60")
         behind = [e.order(f"b{i}", f"touch {tmp_path}/ran{i}") for i in range(3)]
@@ -216,9 +218,7 @@ def test_an_order_that_fails_in_the_agent_hands_its_core_to_the_next(tmp_path: P
     e = _Engine(tmp_path)
     e.engine.start()
     try:
-        warm = [e.order(f"w{i}", "exit 0", after=i > 0) for i in range(3)]
-        e.engine.submit(warm)
-        e.until({o.job_id for o in warm})
+        e.warm()
         out = tmp_path / "out"
         bad = ProcessOrder(
             job_id="bad", slot=0, role="rank", executable="/bin/echo", arguments=["a\x00b"], cores=[e.cpu]
