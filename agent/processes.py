@@ -35,7 +35,7 @@ import structlog
 from agent import environment
 from agent.chaining import AHEAD
 from agent.reaping import Reaper
-from agent.spawning import Spawners
+from agent.spawning import Spawners, names_streams
 from agent.table import Running, WaitingOrders
 from agent.trees import Trees
 from pilot.model.node import NodeConfigured
@@ -140,10 +140,7 @@ class ProcessEngine:
             and room > 0
             and self._core_users.get(core, 0) == self._chain_load.get(core, 0) <= room
             and order.role == "rank"
-            and order.stdin_path is None
-            and order.stdout_path is None
-            and order.stderr_path is None
-            and not order.stream
+            and not names_streams(order)
         )
 
     def _accept(self, order: ProcessOrder) -> None:
@@ -454,7 +451,7 @@ class ProcessEngine:
             # spawner before anything else (the task's exit event, the loop's wake-up) takes the GIL.
             order = run.order
             if run.signal is not None:  # a chain's: it may run orders ahead while its tasks are short
-                self._room[order.cores[0]] = _AHEAD if mono - run.started_mono < _HOLD_UNDER else 0
+                self._room[order.cores[0]] = AHEAD if mono - run.started_mono < _HOLD_UNDER else 0
             self._free(order)
             ref = (order.job_id, order.slot)
         code = os.waitstatus_to_exitcode(status)
@@ -597,5 +594,4 @@ _START_HOLD: Final = 0.005  # seconds a running task's ``started`` event may wai
 _EXIT_HOLD: Final = 0.02
 _EXIT_HOLD_LONG: Final = 0.002  # the same for exits of tasks that ran _HOLD_UNDER or longer (few per second)
 _HOLD_UNDER: Final = 0.02
-_AHEAD: Final = AHEAD  # orders a chain core may be given beyond the one it runs (agent.chaining)
 _EARLY_KEPT: Final = 5.0  # seconds an exit no spawner claimed is kept (_keep_early)

@@ -413,7 +413,7 @@ class Spawners:
         """The task's stdin, stdout and stderr (:class:`_OpenError` when one cannot be opened); what was
         opened goes to ``prep.files``, for :meth:`close_files` once the task has them."""
         order = prep.order
-        if order.stdin_path is None and order.stdout_path is None and order.stderr_path is None and not order.stream:
+        if not names_streams(order):
             return _NO_STREAMS
         return self._streams(order, prep.cwd, prep.files)
 
@@ -579,6 +579,14 @@ class Spawners:
                 Path(path).write_text("".join(h + "\n" for h in hosts))
                 self._nodefiles[key] = path
         return path
+
+
+def names_streams(order: ProcessOrder) -> bool:
+    """Whether the order's task gets other streams than /dev/null (files opened for it, or the node's
+    stream): opened when it starts, by whoever starts it."""
+    return not (
+        order.stdin_path is None and order.stdout_path is None and order.stderr_path is None and not order.stream
+    )
 
 
 def _open(path: str | None, cwd: str, mode: str, files: list[int], what: str) -> int:

@@ -64,12 +64,14 @@ class WaitingOrders:
     def waits_on(self, core: int) -> bool:
         """Whether an order waits for ``core``."""
         on = self._on.get(core)
-        if not on:
-            return False
+        return on is not None and bool(self._pruned(on))
+
+    def _pruned(self, on: deque[int]) -> deque[int]:
+        """``on`` without the numbers at its front that are no longer waiting orders."""
         orders = self.orders
         while on and on[0] not in orders:
             on.popleft()
-        return bool(on)
+        return on
 
     def release(
         self,
@@ -90,9 +92,7 @@ class WaitingOrders:
                 return False
             started = False
             if not users.get(core):
-                while on and on[0] not in orders:
-                    on.popleft()
-                for seq in on:
+                for seq in self._pruned(on):
                     order = orders.get(seq)
                     # (an order of this one core alone needs no look at the others: it is free)
                     if order is not None and (len(order.cores) == 1 or not any(users.get(c) for c in order.cores)):
@@ -104,9 +104,7 @@ class WaitingOrders:
                     return False
             if ahead is not None:
                 while True:
-                    while on and on[0] not in orders:
-                        on.popleft()
-                    if not on or not ahead(orders[on[0]]):
+                    if not self._pruned(on) or not ahead(orders[on[0]]):
                         break
                     start(orders.pop(on.popleft()))
                     started = True
@@ -119,9 +117,7 @@ class WaitingOrders:
             on = self._on.get(c)
             if on is None:
                 continue
-            while on and on[0] not in orders:
-                on.popleft()
-            if on:
+            if self._pruned(on):
                 lists.append(on)
             else:
                 del self._on[c]
