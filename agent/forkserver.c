@@ -26,9 +26,10 @@
  *     MSG_CANCEL   drop the queued task of that number (a WITHDRAWN record), if it has not started
  *     MSG_SIGNAL   signal the process group of that task, if it runs (not reaped yet: its pid is its own)
  * It writes 64-byte records (struct record) back: START (pid, times), FAILED (errno, step), EXIT (wait
- * status, times, rusage) and WITHDRAWN, buffered and flushed when at most LOW_WATER requests are left
- * in its queue (so the agent's next ones come before the queue runs dry), when FLUSH_AT are buffered,
- * or when the oldest is HOLD_NS old.
+ * status, times, rusage) and WITHDRAWN, buffered and flushed when the queue is down to half its depth
+ * since the last flush (at most LOW_WATER requests: so the agent's next ones come before the queue runs
+ * dry) and when it is empty, when FLUSH_AT are buffered, or when the oldest is HOLD_NS old. A queue
+ * refilled a few requests at a time is thus answered twice per refill, not once per task.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -239,7 +240,7 @@ enum { MSG_REQUEST = 1, MSG_CANCEL, MSG_SIGNAL };
 enum { REC_START = 1, REC_FAILED, REC_EXIT, REC_WITHDRAWN };
 #define FLUSH_AT 64
 #define LOW_WATER 16 /* queued requests at most, for a flush: the agent's refill arrives before they run out */
-#define HOLD_NS 10000000LL
+#define HOLD_NS 20000000LL /* (below the daemon's RECLAIM_AFTER with the agent's own exit hold) */
 
 struct record {
     uint32_t kind, seq;
@@ -256,6 +257,7 @@ struct queued {
 
 static struct queued *first, *last;
 static int nqueued; /* requests in the queue */
+static int low;     /* flush when the queue is down to this: half its depth since the last flush */
 static struct record out[FLUSH_AT];
 static int outn;
 static int64_t oldest; /* monotonic ns of out[0] */
@@ -270,6 +272,7 @@ static int64_t now_ns(clockid_t clock) {
 static void flush(void) {
     write_all((const char *)out, (size_t)outn * sizeof out[0]);
     outn = 0;
+    low = 0;
 }
 
 static struct record *add(uint32_t kind, uint32_t seq) {
@@ -374,7 +377,8 @@ static int take(void) {
         else
             first = q;
         last = q;
-        nqueued++;
+        if (++nqueued / 2 > low)
+            low = nqueued / 2 < LOW_WATER ? nqueued / 2 : LOW_WATER;
         return 0;
     }
     for (int i = 0; i < nfds; i++)
@@ -391,6 +395,7 @@ static int take(void) {
                 nqueued--;
                 drop(q);
                 add(REC_WITHDRAWN, head[2]);
+                flush(); /* an answer the daemon waits for (it asked the order back, or it was cancelled) */
                 break;
             }
         }
@@ -407,7 +412,7 @@ static int chain(void) {
     for (;;) {
         while (!cur.pid && first)
             start_next();
-        if (outn && nqueued <= LOW_WATER)
+        if (outn && nqueued <= low)
             flush(); /* few left to run (or none): what the agent is owed goes now, and it sends more */
         int timeout = -1;
         if (outn) {

@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ap.add_argument("--tasks", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--nodes", type=int, default=1, help="virtual nodes of the embedded pilot")
+    ap.add_argument("--cores-per-node", type=int, help="declared cores per virtual node (default: the machine's cpus)")
     ap.add_argument(
         "--agent-transport",
         choices=["ipc", "tcp"],
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             f'[pilot]\nagent_transport = "{args.agent_transport}"\n'
             + (f"backlog = {args.backlog}\n" if args.backlog is not None else "")
             + f'[allocation]\nlrm = "local"\nnodes = {args.nodes}\n'
+            + (f"cores_per_node = {args.cores_per_node}\n" if args.cores_per_node is not None else "")
         )
         os.environ["PILOT_CONFIG"] = str(cfg)
         with psij.JobExecutor.get_instance("pilot") as ex:

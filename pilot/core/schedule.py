@@ -34,7 +34,7 @@ class Scheduler(Part):
         # While auto-allocation may still add an allocation, jobs wait in the queue, where they count as
         # demand and can go to the new one, not behind a busy core of an allocation held now.
         behind = 0 if self.allocations.room_to_grow() else self.config.pilot.backlog
-        share: int | None = None  # no deeper than this behind one core: a quarter of the queue's share (_share)
+        share: int | None = None  # no deeper than this behind one core: its fair share of the queue (_share)
         now = self.clock.wall
         # Every allocation takes every job (no walltime, one batch system): no per-job filtering.
         open_ended = all(held.allocation.walltime is None for held, _ in passes)
@@ -127,15 +127,11 @@ _DEFAULT_NOTE = " (PSI/J's default of 10 minutes when none is set)"
 
 
 def _share(queued: int, passes: list[tuple[PilotAllocation, AllocationPass]]) -> int:
-    """How deep a pass may queue behind one busy core: a quarter of the queue's fair share of the cores
-    (at least 1). Orders behind busy cores are committed to their node: a backlog the whole queue could
-    fill would stack a short queue on the first nodes (they are filled in turn) and, on nodes that run
-    at different speeds, leave the slower ones the last of the work while the others run dry. Three
-    quarters of a short queue stay in the daemon and go to whichever core frees first; a deep queue
-    still fills ``backlog`` behind every core."""
+    """How deep a pass may queue behind one busy core: its fair share of the queue (at least 1). Orders
+    behind busy cores are committed to their node: a backlog the whole queue could fill would stack a
+    short queue on the first nodes (they are filled in turn). A node that runs slower than the others
+    keeps no more than its share, and what waits behind its cores past ``RECLAIM_AFTER`` while another
+    core is free is asked back (``Lifecycle.reclaim``). A shallower depth keeps each node's orders few,
+    and its agent then pays its fixed costs per task: each start and exit reported alone."""
     cores = sum(core_count(p.nodes) for _, p in passes)
-    return max(1, -(-queued // (_SHARE_PARTS * cores))) if cores else 1
-
-
-#: A busy core takes at most 1/_SHARE_PARTS of its fair share of the queue behind it (see _share).
-_SHARE_PARTS = 4
+    return max(1, -(-queued // cores)) if cores else 1
