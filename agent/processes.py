@@ -69,6 +69,8 @@ class ProcessEngine:
         self._waiting = WaitingOrders()
         self._waiting_orders = self._waiting.orders  # (its size, read per task: no __len__ call)
         self._events: list[TaskEvent] = []
+        #: Deaths this agent did not cause, reported ``_EXTERNAL_HOLD`` later (due time, event): see _defer.
+        self._deferred: list[tuple[float, TaskEvent]] = []
         self._held_since: float | None = None  # monotonic start of the oldest held ``started`` event
         self._report_since: float | None = None  # monotonic time of the oldest undrained exit or failure
         self._urgent = False  # an undrained event that is not held (see _report)
@@ -187,22 +189,29 @@ class ProcessEngine:
         from now, since their ``started`` events come without a wake-up. The loop calls this right
         before it waits: what it returns bounds the loop's next turn (``_report`` relies on it)."""
         with self._lock:
-            when = None if self._report_since is None else self._report_since + self._hold
-            if when is not None and not self._urgent and (self._waiting_orders or self._pending_orders):
-                # drain() gives nothing before the exit hold ends, held starts included: an earlier
-                # turn would find nothing, and the next one the same, a busy loop until then.
-                self._loop_due = when
-                return when
-            if self._held_since is not None:
-                start = self._held_since + _START_HOLD
-            elif self._pending_orders:
-                start = time.monotonic() + _START_HOLD
-            else:
-                start = None
-            if start is not None:
-                when = start if when is None else min(when, start)
-            self._loop_due = math.inf if when is None else when
+            when = self._next_deadline()
+            if self._deferred and (when is None or self._deferred[0][0] < when):
+                when = self._loop_due = self._deferred[0][0]
             return when
+
+    def _next_deadline(self) -> float | None:
+        """:meth:`next_deadline` of the events held by :meth:`drain` (the lock held)."""
+        when = None if self._report_since is None else self._report_since + self._hold
+        if when is not None and not self._urgent and (self._waiting_orders or self._pending_orders):
+            # drain() gives nothing before the exit hold ends, held starts included: an earlier
+            # turn would find nothing, and the next one the same, a busy loop until then.
+            self._loop_due = when
+            return when
+        if self._held_since is not None:
+            start = self._held_since + _START_HOLD
+        elif self._pending_orders:
+            start = time.monotonic() + _START_HOLD
+        else:
+            start = None
+        if start is not None:
+            when = start if when is None else min(when, start)
+        self._loop_due = math.inf if when is None else when
+        return when
 
     def drain(self) -> list[TaskEvent]:
         """Events to send. A ``started`` event is held up to ``_START_HOLD`` seconds while its process
@@ -213,6 +222,11 @@ class ProcessEngine:
         message (and answers with one batch of orders) instead of one each; an agent with no queued work
         reports at once."""
         with self._lock:
+            deferred = self._deferred
+            if deferred and deferred[0][0] <= time.monotonic():
+                now = time.monotonic()
+                while deferred and deferred[0][0] <= now:
+                    self._report(deferred.pop(0)[1])
             if not self._events:  # (then nothing is held either: the fields below are reset)
                 return []
             now = time.monotonic()
@@ -326,13 +340,15 @@ class ProcessEngine:
         orders the agent never received from ones it ran."""
         with self._lock:
             events, self._events = self._events, []
+            events += [event for _, event in self._deferred]
+            self._deferred.clear()
             self._held_since = self._report_since = None
             self._wake_owed = self._urgent = False
             return self._running_locked(), events
 
     def busy(self) -> bool:
         with self._lock:
-            return bool(self._by_ref) or self._pending_orders > 0 or bool(self._waiting)
+            return bool(self._by_ref) or self._pending_orders > 0 or bool(self._waiting) or bool(self._deferred)
 
     def sample(self) -> None:
         """psutil pass over running process trees (peak RSS of the whole tree, for Delivered)."""
@@ -487,7 +503,7 @@ class ProcessEngine:
                     events.pop()
                 elif len(events) > 1 and events[-2] is start:
                     del events[-2]
-            wake = self._report(event)
+            wake = self._defer(event) if code < 0 and run.reason is None else self._report(event)
         if wake:
             self._notify()
 
@@ -520,7 +536,7 @@ class ProcessEngine:
             if self._by_ref.get(ref) is run:
                 del self._by_ref[ref]
             self._free(order)
-            wake = self._report(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": message}))
+            wake = self._defer(TaskEvent(order.job_id, order.slot, "failed", time.time(), {"message": message}))
         self._trees.kill(run.tag, order.job_id, 0, signal.SIGKILL)
         if wake:
             self._notify()
@@ -546,6 +562,16 @@ class ProcessEngine:
             first = self._report(event)
         if first:
             self._notify()
+
+    def _defer(self, event: TaskEvent) -> bool:
+        """Report a task's death that this agent did not cause (a signal it did not send, the loss of
+        the task's helper) ``_EXTERNAL_HOLD`` seconds from now (the lock held). The batch system ending
+        the allocation (scancel, walltime) signals every process of the agent's step, the agent's own
+        included, in no set order: the agent dies within that time, and the daemon fails the job with
+        the allocation's account of why, not with "killed by signal 15" or "its helper ended". True:
+        wake the loop, which then waits until it is due (next_deadline)."""
+        self._deferred.append((time.monotonic() + _EXTERNAL_HOLD, event))
+        return True
 
     def _report(self, event: TaskEvent) -> bool:
         """Queue an exit or failure (the lock held). True if the loop must be woken: only for the first
@@ -592,6 +618,7 @@ class ProcessEngine:
 _START_HOLD: Final = 0.005  # seconds a running task's ``started`` event may wait for its exit (drain)
 #: Seconds the exits of short tasks may wait at most to go together while orders wait here (drain, _report).
 _EXIT_HOLD: Final = 0.02
+_EXTERNAL_HOLD: Final = 1.0  # seconds a death this agent did not cause waits to be reported (_defer)
 _EXIT_HOLD_LONG: Final = 0.002  # the same for exits of tasks that ran _HOLD_UNDER or longer (few per second)
 _HOLD_UNDER: Final = 0.02
 _EARLY_KEPT: Final = 5.0  # seconds an exit no spawner claimed is kept (_keep_early)

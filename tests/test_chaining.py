@@ -231,3 +231,40 @@ def test_an_order_that_fails_in_the_agent_hands_its_core_to_the_next(tmp_path: P
         assert not e.engine.busy()
     finally:
         e.engine.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_death_the_agent_did_not_cause_is_reported_after_a_hold(tmp_path: Path) -> None:
+    """The batch system ending an allocation signals the agent's whole step in no set order: a task's
+    death by a signal the agent did not send waits ``_EXTERNAL_HOLD`` (the agent dies meanwhile, and the
+    daemon fails the job with the allocation's account); one the agent caused is reported at once."""
+    from agent import processes
+
+    e = _Engine(tmp_path)
+    e.engine.start()
+    try:
+        e.engine.submit([e.order("outside", "sleep 30", after=False)])
+        end = time.monotonic() + 30
+        while not (started := [ev for ev in e.events if ev.job_id == "outside" and ev.kind == "started"]):
+            assert time.monotonic() < end, e.events
+            e.events += e.engine.drain()
+            e.poked.wait(0.02)
+        os.kill(started[0].data["pid"], signal.SIGTERM)  # as slurmstepd does at scancel
+        killed = time.monotonic()
+        e.until({"outside"})
+        assert time.monotonic() - killed >= processes._EXTERNAL_HOLD
+        assert e.ended("outside").data["signal"] == signal.SIGTERM
+        assert e.ended("outside").data["reason"] is None
+        assert not e.engine.busy()
+
+        e.engine.submit([e.order("own", "sleep 30", after=False)])
+        while not any(ev.job_id == "own" and ev.kind == "started" for ev in e.events):
+            e.events += e.engine.drain()
+            e.poked.wait(0.02)
+        assert e.engine.kill(("own", 0), reason="cancelled by the user")
+        # Reaped, it is reported without the hold: the first drain after the exit gives it.
+        wait_for(lambda: not e.engine.running(), timeout=30, what="the killed task reaped")
+        e.until({"own"}, limit=processes._EXTERNAL_HOLD / 2)
+        assert e.ended("own").data["reason"] == "cancelled by the user"
+    finally:
+        e.engine.stop()
