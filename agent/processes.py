@@ -223,7 +223,7 @@ class ProcessEngine:
         reports at once."""
         with self._lock:
             deferred = self._deferred
-            if deferred and deferred[0][0] <= time.monotonic():
+            if deferred:
                 now = time.monotonic()
                 while deferred and deferred[0][0] <= now:
                     self._report(deferred.pop(0)[1])
@@ -503,7 +503,7 @@ class ProcessEngine:
                     events.pop()
                 elif len(events) > 1 and events[-2] is start:
                     del events[-2]
-            wake = self._defer(event) if code < 0 and run.reason is None else self._report(event)
+            wake = self._defer(event) if -code in _ENDING_SIGNALS and run.reason is None else self._report(event)
         if wake:
             self._notify()
 
@@ -564,12 +564,12 @@ class ProcessEngine:
             self._notify()
 
     def _defer(self, event: TaskEvent) -> bool:
-        """Report a task's death that this agent did not cause (a signal it did not send, the loss of
-        the task's helper) ``_EXTERNAL_HOLD`` seconds from now (the lock held). The batch system ending
-        the allocation (scancel, walltime) signals every process of the agent's step, the agent's own
-        included, in no set order: the agent dies within that time, and the daemon fails the job with
-        the allocation's account of why, not with "killed by signal 15" or "its helper ended". True:
-        wake the loop, which then waits until it is due (next_deadline)."""
+        """Report a task's death that this agent did not cause (one of ``_ENDING_SIGNALS`` it did not
+        send, the loss of the task's helper) ``_EXTERNAL_HOLD`` seconds from now (the lock held). The
+        batch system ending the allocation (scancel, walltime) signals every process of the agent's
+        step, the agent's own included, in no set order: the agent dies within that time, and the
+        daemon fails the job with the allocation's account of why, not with "killed by signal 15" or
+        "its helper ended". True: wake the loop, which then waits until it is due (next_deadline)."""
         self._deferred.append((time.monotonic() + _EXTERNAL_HOLD, event))
         return True
 
@@ -619,6 +619,9 @@ _START_HOLD: Final = 0.005  # seconds a running task's ``started`` event may wai
 #: Seconds the exits of short tasks may wait at most to go together while orders wait here (drain, _report).
 _EXIT_HOLD: Final = 0.02
 _EXTERNAL_HOLD: Final = 1.0  # seconds a death this agent did not cause waits to be reported (_defer)
+#: What batch systems send a job's processes at its end (Slurm, PBS, LSF, Grid Engine): a task's death by
+#: one of these that the agent did not send waits _EXTERNAL_HOLD; a crash (SIGSEGV, SIGABRT) does not.
+_ENDING_SIGNALS: Final = frozenset({signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP})
 _EXIT_HOLD_LONG: Final = 0.002  # the same for exits of tasks that ran _HOLD_UNDER or longer (few per second)
 _HOLD_UNDER: Final = 0.02
 _EARLY_KEPT: Final = 5.0  # seconds an exit no spawner claimed is kept (_keep_early)

@@ -62,6 +62,18 @@ class _Engine:
         self.engine.submit(warm)
         self.until({o.job_id for o in warm})
 
+    def started(self, job: str, limit: float = 30) -> TaskEvent:
+        """Drain until ``job`` has its started event (or its exit, which carries it)."""
+        end = time.monotonic() + limit
+        while True:
+            for ev in self.events:
+                if ev.job_id == job and ev.kind in ("started", "exited") and "pid" in ev.data:
+                    return ev
+            assert time.monotonic() < end, f"{job} did not start: {self.events}"
+            self.events += self.engine.drain()
+            self.poked.wait(0.02)
+            self.poked.clear()
+
     def ended(self, job: str) -> TaskEvent:
         (event,) = [e for e in self.events if e.job_id == job and e.kind in ("exited", "failed", "withdrawn")]
         return event
@@ -244,12 +256,7 @@ def test_a_death_the_agent_did_not_cause_is_reported_after_a_hold(tmp_path: Path
     e.engine.start()
     try:
         e.engine.submit([e.order("outside", "sleep 30", after=False)])
-        end = time.monotonic() + 30
-        while not (started := [ev for ev in e.events if ev.job_id == "outside" and ev.kind == "started"]):
-            assert time.monotonic() < end, e.events
-            e.events += e.engine.drain()
-            e.poked.wait(0.02)
-        os.kill(started[0].data["pid"], signal.SIGTERM)  # as slurmstepd does at scancel
+        os.kill(e.started("outside").data["pid"], signal.SIGTERM)  # as slurmstepd does at scancel
         killed = time.monotonic()
         e.until({"outside"})
         assert time.monotonic() - killed >= processes._EXTERNAL_HOLD
@@ -258,13 +265,17 @@ def test_a_death_the_agent_did_not_cause_is_reported_after_a_hold(tmp_path: Path
         assert not e.engine.busy()
 
         e.engine.submit([e.order("own", "sleep 30", after=False)])
-        while not any(ev.job_id == "own" and ev.kind == "started" for ev in e.events):
-            e.events += e.engine.drain()
-            e.poked.wait(0.02)
+        e.started("own")
         assert e.engine.kill(("own", 0), reason="cancelled by the user")
         # Reaped, it is reported without the hold: the first drain after the exit gives it.
         wait_for(lambda: not e.engine.running(), timeout=30, what="the killed task reaped")
         e.until({"own"}, limit=processes._EXTERNAL_HOLD / 2)
         assert e.ended("own").data["reason"] == "cancelled by the user"
+
+        # A crash is no allocation's end: reported at once too.
+        e.engine.submit([e.order("crash", "kill -SEGV $$", after=False)])
+        wait_for(lambda: not e.engine.running(), timeout=30, what="the crashed task reaped")
+        e.until({"crash"}, limit=processes._EXTERNAL_HOLD / 2)
+        assert e.ended("crash").data["signal"] == signal.SIGSEGV
     finally:
         e.engine.stop()
