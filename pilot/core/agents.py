@@ -130,7 +130,7 @@ class Agents(Part):
                 hosted.load = load
             acks[other] = hosted.acked
             heard.append(hosted)
-        self.nodes.measures_of_many(heard, values=msg.values, utilized=msg.utilized)
+        self.nodes.measures_of_many(heard, sender=name, values=msg.values, utilized=msg.utilized)
         self.outbox.to_agent(name, HeartbeatReply(known=True, acked=agent.acked, acks=acks, unknown=tuple(unknown)))
 
     def _expected_names(self, owner: PilotAllocation) -> frozenset[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -58,6 +58,10 @@ class AllocationSlots:
     resources: Resources
 
 
+#: Senders' last load values kept (:meth:`NodeBook.measures_of_many`); past this, all are forgotten.
+_BEAT_LOADS_KEPT: Final = 4096
+
+
 class NodeBook:
     def __init__(self, *, config: Config, cluster: Cluster, allocations: AllocationBook, clock: Clock) -> None:
         self.config = config
@@ -76,6 +80,9 @@ class NodeBook:
         #: (rebuilt per pass, ten thousand nodes cost more than the pass itself).
         self._usable: list[NodeSlots] | None = None
         self._tracker: SlotTracker | None = None  # of ``_usable``: where its passes may find room
+        #: (sender, num_proc) -> the load values its last combined heartbeat gave its nodes
+        #: (:meth:`measures_of_many`: an unchanged load is not compared again for each node).
+        self._beat_loads: dict[tuple[str, Any], dict[str, Any]] = {}
 
     def invalidate(self) -> None:
         """The node sets changed: what can ever fit is judged again."""
@@ -124,26 +131,42 @@ class NodeBook:
         self,
         agents: list[AgentRecord],
         *,
+        sender: str,
         values: Mapping[str, int | float | str] | None,
         utilized: dict[str, float] | None,
     ) -> None:
         """One combined heartbeat's values for the nodes it speaks for (one machine's): parsed once per
-        number of processors, not once per node -- ten thousand nodes beat every second."""
+        number of processors, not once per node -- ten thousand nodes beat every second. The load
+        its ``sender``'s last heartbeat gave is compared with the new one once, not at every node."""
         if values is not None:
-            nodes, registry = self.cluster.nodes, self.cluster.registry
-            parsed: dict[Any, dict[str, Any]] = {}
+            nodes, registry, last = self.cluster.nodes, self.cluster.registry, self._beat_loads
+            parsed: dict[Any, tuple[dict[str, Any], dict[str, Any] | None]] = {}
             changed = False
             for agent in agents:
                 m = nodes.get(agent.name)
                 if m is None:
                     continue
-                key = m.values.facts.get("num_proc")
-                load = parsed.get(key)
-                if load is None:
-                    load = parsed[key] = m.parsed_load(registry, values)
-                before = m.values.version
-                m.values.report_parsed_load(load)
-                changed = changed or m.values.version != before
+                measured = m.values
+                key = measured.facts.get("num_proc")
+                hit = parsed.get(key)
+                if hit is None:
+                    load = m.parsed_load(registry, values)
+                    before = last.get((sender, key))
+                    if before is not None and before == load:
+                        load = before  # unchanged: the nodes that hold it keep it, with no compare
+                    elif len(last) >= _BEAT_LOADS_KEPT:
+                        last.clear()
+                    last[(sender, key)] = load
+                    hit = parsed[key] = (load, before if before is not load else None)
+                load, before = hit
+                held = measured.load
+                if held is load:
+                    continue
+                if held is before:  # it holds what the last heartbeat gave, which the new one changed
+                    measured.take_load(load)
+                    changed = True
+                elif measured.report_parsed_load(load):
+                    changed = True
             if changed:
                 self.cluster.touch()
         if utilized is not None:

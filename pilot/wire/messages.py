@@ -239,10 +239,14 @@ def _node_names(body: dict[str, Any], name: str) -> tuple[str, ...]:
     raw = opt_field(body, name, list, [])
     if len(raw) >= MOST_HOSTED:
         raise ProtocolError(f"field {name!r} names {len(raw)} nodes; at most {MOST_HOSTED - 1} go with one message")
-    for n in raw:
-        if not (isinstance(n, str) and 0 < len(n) <= _NODE_NAME_CHARS):
-            raise ProtocolError(f"field {name!r} must be a list of node names of 1 to {_NODE_NAME_CHARS} characters")
+    # Checked in C (a combined heartbeat names up to ten thousand nodes every second): msgpack gives
+    # exact strs; anything else, or a length out of bounds, is refused.
+    if raw and not (set(map(type, raw)) <= _STR and min(map(len, raw)) > 0 and max(map(len, raw)) <= _NODE_NAME_CHARS):
+        raise ProtocolError(f"field {name!r} must be a list of node names of 1 to {_NODE_NAME_CHARS} characters")
     return tuple(raw)
+
+
+_STR: Final = frozenset({str})
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,3 +127,37 @@ def test_liveness_looks_only_at_agents_due_and_watches_a_node_registered_again()
     env.advance(5.5)
     env.core.on_tick()
     assert env.core.nodes.agents["n7"].state == "lost"
+
+
+def test_a_combined_heartbeat_gives_each_named_node_its_load_values_and_a_new_version_only_when_they_change() -> (
+    None
+):
+    env = CoreEnv(nodes=4, cores=2)
+    names = ["n0", "n1", "n2", "n3"]
+    register_batch(env, names)
+    env.step()
+    measured = {n: env.core.nodes.cluster.nodes[n].values for n in names}
+
+    def beat(sender: str, free: float, *, hosted: tuple[str, ...]) -> dict[str, int]:
+        before = {n: measured[n].version for n in names}
+        env.core.on_agent(sender, Heartbeat((0.5,), {"mem_free": free, "load_avg": 0.25}, nodes=hosted))
+        env.step()
+        return {n: measured[n].version - before[n] for n in names}
+
+    assert beat("n0", 1e9, hosted=("n1", "n2")) == {"n0": 1, "n1": 1, "n2": 1, "n3": 0}
+    assert all(measured[n].load["mem_free"] == 1e9 for n in ("n0", "n1", "n2"))
+    # The same values again: no node's values change, none gets a new version.
+    assert beat("n0", 1e9, hosted=("n1", "n2")) == {"n0": 0, "n1": 0, "n2": 0, "n3": 0}
+    # n2 beats on its own meanwhile with other values; then the combined heartbeat changes them all.
+    assert beat("n2", 5e8, hosted=()) == {"n0": 0, "n1": 0, "n2": 1, "n3": 0}
+    assert beat("n0", 2e9, hosted=("n1", "n2")) == {"n0": 1, "n1": 1, "n2": 1, "n3": 0}
+    assert all(measured[n].load["mem_free"] == 2e9 for n in ("n0", "n1", "n2"))
+    # n2 again alone with the combined heartbeat's values: equal, so no new version; then n1 leaves it.
+    assert beat("n2", 2e9, hosted=()) == {"n0": 0, "n1": 0, "n2": 0, "n3": 0}
+    assert beat("n0", 2e9, hosted=("n2",)) == {"n0": 0, "n1": 0, "n2": 0, "n3": 0}
+    assert beat("n0", 3e9, hosted=("n1", "n2", "n3")) == {"n0": 1, "n1": 1, "n2": 1, "n3": 1}
+    assert {measured[n].load["mem_free"] for n in names} == {3e9}
+    # n3 alone reaches the values the next combined heartbeat brings: it alone keeps its version.
+    assert beat("n3", 4e9, hosted=()) == {"n0": 0, "n1": 0, "n2": 0, "n3": 1}
+    assert beat("n0", 4e9, hosted=("n1", "n2", "n3")) == {"n0": 1, "n1": 1, "n2": 1, "n3": 0}
+    assert {measured[n].load["mem_free"] for n in names} == {4e9}
