@@ -163,7 +163,7 @@ class NodeBook:
                 if held is load:
                     continue
                 if held is before:  # it holds what the last heartbeat gave, which the new one changed
-                    measured.take_load(load)
+                    measured.report_parsed_load(load, differs=True)
                     changed = True
                 elif measured.report_parsed_load(load):
                     changed = True

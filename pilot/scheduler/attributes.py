@@ -573,20 +573,14 @@ class AttributeValues:
         """Load values from a heartbeat. Unknown names are skipped (an agent may measure more)."""
         self.report_parsed_load(parse_load(registry, values))
 
-    def report_parsed_load(self, load: dict[str, Value]) -> bool:
-        """Load values parsed already (:func:`parse_load`): one heartbeat's values for many nodes of
-        one machine are parsed once, not once per node. ``load`` may be shared: it is never changed.
-        True when they changed."""
-        if load is self.load or load == self.load:
+    def report_parsed_load(self, load: dict[str, Value], *, differs: bool = False) -> bool:
+        """Load values parsed already (:func:`parse_load`), maybe shared (never changed): True if they changed.
+        ``differs``: the caller knows they differ from those held (a combined heartbeat's nodes)."""
+        if not differs and (load is self.load or load == self.load):
             return False
-        self.take_load(load)
-        return True
-
-    def take_load(self, load: dict[str, Value]) -> None:
-        """Load values known to differ from those held (parsed already, and shared: never changed)."""
         self.load = load
-        self.version += 1
-        self._effective = None
+        self._changed()
+        return True
 
     def report_facts(self, registry: AttributeRegistry, values: Mapping[str, str | float | bool]) -> None:
         """The node's static facts from its registration; they hold until it registers again."""
