@@ -170,6 +170,19 @@ def _sentinels(known: set[int]) -> list[psutil.Process]:
     return found
 
 
+def _the_sentinel(known: set[int]) -> psutil.Process:
+    """The engine's one sentinel, once it shows as such: posix_spawn returns when the child's exec has
+    begun, and for a moment after that its /proc cmdline may still be empty."""
+    found: list[psutil.Process] = []
+
+    def one() -> bool:
+        found[:] = _sentinels(known)
+        return len(found) == 1
+
+    wait_for(one, timeout=10, what="the engine's sentinel child")
+    return found[0]
+
+
 @pytest.mark.timeout(60)
 def test_a_sentinel_child_keeps_the_reaper_in_wait4_while_the_engine_lives(tmp_path: Path, reaping: str) -> None:
     """With no task running the reaper still waits in wait4 (a task's start then need not wake it): on
@@ -184,7 +197,7 @@ def test_a_sentinel_child_keeps_the_reaper_in_wait4_while_the_engine_lives(tmp_p
             loop.engine.stop()
         return
     try:
-        (sentinel,) = _sentinels(known)
+        sentinel = _the_sentinel(known)
         assert sentinel.environ() == {}  # nothing of the agent's (its credentials were in its environment)
         loop.engine.submit([_order("j", loop.cpu, ["exit 0"], after=False)])
         (exited,) = [e for e in loop.run_until({("j", 0)}, limit=30) if e.kind == "exited"]
@@ -204,7 +217,7 @@ def test_tasks_are_still_reaped_once_the_sentinel_is_gone(tmp_path: Path, reapin
     loop = _Loop(tmp_path)
     loop.engine.start()
     try:
-        (sentinel,) = _sentinels(known)
+        sentinel = _the_sentinel(known)
         sentinel.kill()
         # Reaped by the engine's reaper (which then waits on a condition between tasks); is_running()
         # is true for a zombie too.
