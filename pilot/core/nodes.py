@@ -159,13 +159,8 @@ class NodeBook:
                     last[(sender, key)] = load
                     hit = parsed[key] = (load, before if before is not load else None)
                 load, before = hit
-                held = measured.load
-                if held is load:
-                    continue
-                if held is before:  # it holds what the last heartbeat gave, which the new one changed
-                    measured.report_parsed_load(load, differs=True)
-                    changed = True
-                elif measured.report_parsed_load(load):
+                # A node holding what the last heartbeat gave, which the new one changed, takes it unread.
+                if measured.report_parsed_load(load, differs=measured.load is before):
                     changed = True
             if changed:
                 self.cluster.touch()
