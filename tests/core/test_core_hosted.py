@@ -129,9 +129,7 @@ def test_liveness_looks_only_at_agents_due_and_watches_a_node_registered_again()
     assert env.core.nodes.agents["n7"].state == "lost"
 
 
-def test_a_combined_heartbeat_gives_each_named_node_its_load_values_and_a_new_version_only_when_they_change() -> (
-    None
-):
+def test_a_combined_heartbeat_gives_each_node_its_load_and_a_new_version_only_on_change() -> None:
     env = CoreEnv(nodes=4, cores=2)
     names = ["n0", "n1", "n2", "n3"]
     register_batch(env, names)
