@@ -1,6 +1,6 @@
 """The scheduler and the wire at a thousand nodes, on one machine: null (simulated) launches.
 
-    python bench/null_launch.py [--nodes 1000] [--cores 64] [--tasks 10000] [--repeat 3]
+    python bench/null_launch.py [--nodes 1000] [--cores 64] [--tasks 100000] [--repeat 3]
                                 [--nodes-per-agent 1000] [--duration 0] [--json FILE]
 
 An embedded local pilot with ``allocation.launch = "null"``: agents take every order and report it
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--cores", type=int, default=64, help="cores per simulated node")
-    ap.add_argument("--tasks", type=int, default=10_000)
+    ap.add_argument("--tasks", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--nodes-per-agent", type=int, default=1000, help="virtual nodes per agent process")
     ap.add_argument("--duration", type=float, default=0.0, help="seconds each simulated task lasts")

@@ -563,7 +563,7 @@ def w_null(home: Path, s: Sizes) -> Row:
     """End to end through the daemon at 1,000 simulated nodes with null launches (bench/null_launch.py)."""
     from bench.null_launch import compare
 
-    nodes, cores, tasks = s.pick(200, 1000), 64, s.pick(2000, 10_000)
+    nodes, cores, tasks = s.pick(200, 1000), 64, s.pick(2000, 100_000)  # the issue's workload: 100,000 jobs
     out = compare(home, nodes=nodes, cores=cores, tasks=tasks, repeat=s.repeat, nodes_per_agent=1000, duration=0.0)
     big, base = out["median"]["big"], out["median"]["base"]
     b, o = big["daemon_us_per_task"], base["daemon_us_per_task"]
