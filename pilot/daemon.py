@@ -27,7 +27,6 @@ from pilot import history, job_log, lrm, site, views, wire
 from pilot.acquisition import Acquisition
 from pilot.allocations import AllocationBook, PilotAllocation, Site
 from pilot.config import Config
-from pilot.core.leases import META as LEASES_META
 from pilot.core.outbox import CancelAllocation, NodeLost
 from pilot.core.reactor import Core
 from pilot.delivery import ClientDelivery, send
@@ -40,7 +39,8 @@ from pilot.model import output_stream
 from pilot.parking import Parking, is_submit
 from pilot.rundir import AbandonedSubmits, RunDir
 from pilot.stalls import BEAT, StallMeter
-from pilot.store import JournalError, Recovered, Store
+from pilot.store import JournalError, Store
+from pilot.store_load import Recovered
 from pilot.wire.messages import (
     TO_DAEMON_FROM_AGENT,
     Abandon,
@@ -281,12 +281,7 @@ class Daemon:
         await self.acquisition.reattach()
         self._clock()
         core = self.core
-        core.resume(
-            jobs=recovered.jobs,
-            nodes=recovered.nodes,
-            next_seq=recovered.next_seq,
-            leases=recovered.meta.get(LEASES_META),
-        )
+        core.resume(recovered)
         self._alloc_seen = {}
         core.book.seal()
         self._commit()

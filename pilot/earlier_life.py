@@ -46,7 +46,8 @@ from pilot.journal_guard import RESERVE_FILE, SNAPSHOT_FILE
 from pilot.lrm.base import Allocation
 from pilot.model.job_state import JobState
 from pilot.rundir import RunDir
-from pilot.store import JOURNAL_FILE, JournalDamaged, JournalError, Recovered, Store
+from pilot.store import JOURNAL_FILE, JournalDamaged, JournalError, Store
+from pilot.store_load import Recovered
 from pilot.wire.messages import Register, TaskEvent
 
 log = structlog.get_logger("pilot.journal")
@@ -158,7 +159,7 @@ def _open(path: Path, *, checkpoint_bytes: int) -> tuple[Store, Recovered]:
     store = Store.open(path, auto_checkpoint=False, checkpoint_bytes=checkpoint_bytes)
     try:
         store.check()
-        return store, store.load()
+        return store, store.load(ended=False)  # the ended jobs stay in the journal: counted
     except BaseException:
         store.close()
         raise

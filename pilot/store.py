@@ -34,24 +34,14 @@ import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import msgpack
 
-from pilot.core.phase import Phase
-from pilot.frontends import JOURNAL_EXTRAS
-from pilot.jobs import JobRecord, ProcessResult
 from pilot.journal_check import wal_damage
-from pilot.launchers.base import PlannedProcess
-from pilot.lrm.base import Allocation, AllocationState
-from pilot.model.job_description import JobDescription
-from pilot.model.job_state import JobState
-from pilot.model.node import NodeConfigured
-from pilot.model.process_order import ProcessOrder
-from pilot.scheduler.placement import RankPlacement
 from pilot.store_batch import Batch, unpack
+from pilot.store_load import Recovered, read
 
 JOURNAL_FILE: Final = "journal.db"
 #: WAL size past which :meth:`Store.checkpoint_due` says so: SQLite's own threshold (1,000 pages of 4 KiB).
@@ -143,30 +133,6 @@ class JournalDamaged(JournalError):
     def __init__(self, message: str, *, damage: str) -> None:
         super().__init__(message)
         self.damage = damage
-
-
-@dataclass(slots=True)
-class Recovered:
-    """Everything :meth:`Store.load` found: enough to rebuild the daemon's job table and allocation.
-
-    ``jobs`` are in submission order with their last state, placement, outstanding ``processes``
-    (dispatched, no result yet), ``results``, pre_launch environment and ``held`` ranks rebuilt
-    (``subscribers`` is empty: clients re-attach)."""
-
-    jobs: list[JobRecord] = field(default_factory=list)
-    #: (key, site, allocation) in the order they were requested.
-    allocations: list[tuple[str, str, Allocation]] = field(default_factory=list)
-    next_seq: int = 1
-    #: Nodes whose agents had registered (by name).
-    nodes: list[NodeConfigured] = field(default_factory=list)
-
-    @property
-    def allocation(self) -> Allocation | None:
-        """The first allocation (a pilot with one)."""
-        return self.allocations[0][2] if self.allocations else None
-
-    #: ``Batch.meta`` values (e.g. the endpoint the agents connect to).
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 class Store:
@@ -328,10 +294,12 @@ class Store:
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
 
-    def load(self) -> Recovered:
-        """Everything the journal holds, rebuilt into job records; :class:`JournalError` if it is damaged."""
+    def load(self, *, ended: bool = True) -> Recovered:
+        """What the journal holds, rebuilt into job records (``ended``: the ended jobs' too; a daemon
+        that resumes counts them instead, see :mod:`pilot.store_load`); :class:`JournalError` if it is
+        damaged."""
         try:
-            return self._load()
+            return read(self._db, ended=ended)
         except sqlite3.Error as exc:
             raise _error(self.path, exc) from None
         except (
@@ -346,128 +314,6 @@ class Store:
             raise _damaged(
                 self.path, f"it holds a record this pilot cannot read ({type(exc).__name__}: {exc})"
             ) from None
-
-    def _load(self) -> Recovered:
-        db = self._db
-        out = Recovered()
-        jobs: dict[str, JobRecord] = {}
-        max_seq = 0
-        rows = db.execute(
-            "SELECT id, seq, description, submitted, state, state_time, exit_code, message, metadata, phase,"
-            " started, ended, cancel_reason, closing, attempt, placements, ranks, environment, unset FROM jobs"
-            " ORDER BY seq"
-        )
-        for row in rows:
-            (
-                jid,
-                seq,
-                desc,
-                submitted,
-                state,
-                st,
-                code,
-                msg,
-                meta,
-                phase,
-                started,
-                ended,
-                cr,
-                closing,
-                attempt,
-                placements,
-                ranks,
-                env,
-                un,
-            ) = row
-            jid = str(jid)
-            try:
-                raw = unpack(desc)
-                extra = {k: raw.pop(k) for k in JOURNAL_EXTRAS if isinstance(raw, dict) and k in raw}
-                description = JobDescription.from_wire(raw)
-            except Exception as exc:
-                raise ValueError(f"job {jid}: {exc}") from None
-            job = JobRecord(id=jid, description=description, submitted=submitted, state=JobState(state))
-            job.journaled = extra or None
-            job.state_time = st
-            job.exit_code = code
-            job.message = msg
-            job.metadata = unpack(meta) if meta is not None else {}
-            job.phase = Phase.from_journal(phase)
-            run = job.run
-            run.started = started
-            run.ended = ended
-            job.cancel_reason = cr
-            job.closing = bool(closing)
-            run.number = int(attempt)
-            # -1: a journal of an earlier version, where a job's processes carried ``<id>~<attempt>``.
-            job.placements = int(placements) if placements >= 0 else run.number + 1
-            if ranks is not None:
-                run.ranks = [RankPlacement(n, list(c), list(g), int(m), bool(b)) for n, c, g, m, b in unpack(ranks)]
-            run.environment = unpack(env) if env is not None else None
-            run.unset = unpack(un) if un is not None else []
-            jobs[jid] = job
-            if type(seq) is not int:  # the next job's id comes from it: a damaged one must not be used
-                raise ValueError(f"job {jid}: sequence number {seq!r} is not an integer")
-            max_seq = max(max_seq, seq)
-        for jid, slot, node, role, code, sig, msg, reason, data in db.execute("SELECT * FROM results"):
-            if jid in jobs:
-                jobs[jid].run.add_result(
-                    slot,
-                    ProcessResult(
-                        node,
-                        role,
-                        exit_code=code,
-                        signal=sig,
-                        message=msg,
-                        reason=reason,
-                        data=unpack(data) if data else {},
-                    ),
-                )
-        for jid, slot, node, order, holds in db.execute("SELECT * FROM processes"):
-            owner = jobs.get(jid)
-            if owner is None or owner.final or slot in owner.run.results:
-                continue  # done: only outstanding processes are rebuilt
-            plan = PlannedProcess(node, ProcessOrder.from_wire(unpack(order)), list(unpack(holds)))
-            owner.run.add_process(slot, plan)
-        for job in jobs.values():
-            job.run.taken = _taken(job)
-        out.jobs = list(jobs.values())
-        row = db.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
-        out.next_seq = max(max_seq, int(row[0]) if row else 0) + 1
-        arows: list[tuple[Any, ...]] = db.execute("SELECT * FROM allocation ORDER BY id").fetchall()
-        for (
-            num,
-            lrm,
-            native_id,
-            state,
-            nodes,
-            submitted,
-            started,
-            walltime,
-            expected,
-            hosts,
-            message,
-            detail,
-            site,
-        ) in arows:
-            a = Allocation(
-                native_id=native_id,
-                lrm=lrm,
-                state=AllocationState(state),
-                nodes=nodes,
-                expected_nodes=[NodeConfigured.from_wire(n) for n in unpack(expected)],
-                message=message,
-                submitted=submitted,
-                started=started,
-                walltime=walltime,
-                hosts=list(unpack(hosts)),
-                detail=dict(unpack(detail)) if detail is not None else {},
-            )
-            out.allocations.append((f"a{int(num)}", str(site), a))
-        out.nodes = [NodeConfigured.from_wire(unpack(c)) for _, c in db.execute("SELECT name, config FROM nodes")]
-        for key, value in db.execute("SELECT key, value FROM meta WHERE key != 'seq'"):
-            out.meta[key] = unpack(value)
-        return out
 
     def jobs_by_submit_id(self, submit_ids: Sequence[str]) -> dict[str, list[str]]:
         """The jobs the journal holds under these submit ids: submit id -> job ids in the order they were
@@ -598,23 +444,6 @@ def _map(blob: bytes | None) -> dict[str, Any]:
     except (ValueError, TypeError, msgpack.UnpackException):
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def _taken(job: JobRecord) -> list[bool]:
-    """Which ranks still hold their slots: none once the job is done; all while it stages in or pre_launch runs (the
-    daemon takes them at start and frees them at the end); else those an outstanding process holds."""
-    run = job.run
-    n = len(run.ranks)
-    if job.final or job.phase in (Phase.DONE, Phase.QUEUED):
-        return [False] * n
-    if job.phase is Phase.PRE_LAUNCH or job.phase is Phase.STAGE_IN:
-        return [True] * n
-    held = [False] * n
-    for plan in run.processes.values():
-        for i in plan.holds:
-            if 0 <= i < n:
-                held[i] = True
-    return held
 
 
 #: Submit ids per look-up statement: under SQLite's oldest limit on bound parameters (999).

@@ -132,21 +132,35 @@ def test_attach_waits_for_a_submit_still_on_its_way(start_pilot: Callable[..., P
         raw.peer.close()
 
 
-def test_leases_outlive_a_daemon_restart(start_pilot: Callable[..., Pilot], tmp_path: Path) -> None:
-    """A block leased before a SIGKILL is the client's after it: its ids still make jobs (once), and the
-    next daemon's own ids and leases come after it."""
-    p = start_pilot(CONFIG)
-    agents_active(p.executor(), 1)
+def _leased_job_then_sigkill(
+    p: Pilot, spec: psij.JobSpec, *, ended: bool
+) -> tuple[dict[str, Any], psij.JobExecutor, Raw]:
+    """A block of 8 ids leased, ``spec`` submitted under its first id (and, with ``ended``, run to its
+    end), the daemon SIGKILLed and started again: the lease, and an executor and a raw client of the
+    new daemon, its agent registered."""
+    ex = p.executor()
+    agents_active(ex, 1)
     raw = Raw(p)
     lease = raw.ask(Kind.LEASE, {"count": 8})
-    out = tmp_path / "out"
-    assert raw.submit(marker(out, "before"), str(lease["first"])).get("id") == str(lease["first"])
+    first = str(lease["first"])
+    assert raw.submit(spec, first).get("id") == first
+    if ended:
+        job = psij.Job()
+        ex.attach(job, first)
+        ends(job, psij.JobState.COMPLETED)
     raw.peer.close()
     p.kill9()
     p.up_again()
     ex = p.executor()
     agents_active(ex, 1)
-    raw = Raw(p)
+    return lease, ex, Raw(p)
+
+
+def test_leases_outlive_a_daemon_restart(start_pilot: Callable[..., Pilot], tmp_path: Path) -> None:
+    """A block leased before a SIGKILL is the client's after it: its ids still make jobs (once), and the
+    next daemon's own ids and leases come after it."""
+    out = tmp_path / "out"
+    lease, ex, raw = _leased_job_then_sigkill(start_pilot(CONFIG), marker(out, "before"), ended=False)
     try:
         again = raw.submit(marker(out, "before-again"), str(lease["first"]))
         assert again.get("id") == str(lease["first"]) and "status" in again, again
@@ -162,6 +176,29 @@ def test_leases_outlive_a_daemon_restart(start_pilot: Callable[..., Pilot], tmp_
             ex.attach(job, native_id)
             ends(job, psij.JobState.COMPLETED)
         assert sorted(out.read_text().split()) == ["after", "before", "own"]
+    finally:
+        raw.peer.close()
+
+
+def test_a_leased_id_whose_job_ended_before_a_restart_is_followed_not_made_again(
+    start_pilot: Callable[..., Pilot], tmp_path: Path
+) -> None:
+    """The restarted daemon leaves its ended jobs in the journal (it counts them): an id of a kept
+    lease that made a job which ended before the SIGKILL is still known as used, and a submit sent
+    again under it follows that job; the job's final state is counted in the status."""
+    out = tmp_path / "out"
+    lease, ex, raw = _leased_job_then_sigkill(start_pilot(CONFIG), marker(out, "once"), ended=True)
+    first = str(lease["first"])
+    try:
+        again = raw.submit(marker(out, "twice"), first)
+        assert again.get("id") == first and again["status"][1] == "COMPLETED", again
+        assert ex.pilot_status()["jobs"].get("COMPLETED") == 1
+        nxt = raw.submit(marker(out, "next"), str(lease["first"] + 1))
+        assert nxt.get("id") == str(lease["first"] + 1), nxt
+        job = psij.Job()
+        ex.attach(job, str(lease["first"] + 1))
+        ends(job, psij.JobState.COMPLETED)
+        assert sorted(out.read_text().split()) == ["next", "once"]
     finally:
         raw.peer.close()
 

@@ -9,7 +9,9 @@ milliseconds (``tests/core/``).
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from collections import Counter
+from typing import Any, Protocol
 
 import structlog
 
@@ -19,6 +21,7 @@ from pilot.core.admission import ABANDONED, Admission
 from pilot.core.agents import Agents
 from pilot.core.clock import Clock
 from pilot.core.jobs import History, JobBook
+from pilot.core.leases import META as LEASES_META
 from pilot.core.lifecycle import Lifecycle
 from pilot.core.nodes import NodeBook
 from pilot.core.outbox import CancelAllocation, Outbox
@@ -38,6 +41,17 @@ from pilot.scheduler.distribution import resumed_placement
 from pilot.wire.messages import AgentMessage, Stop
 
 log = structlog.get_logger("pilot.core")
+
+
+class Journaled(Protocol):
+    """What a journal read back holds for :meth:`Core.resume` (:class:`pilot.store_load.Recovered`)."""
+
+    jobs: list[JobRecord]
+    nodes: list[NodeConfigured]
+    next_seq: int
+    meta: dict[str, Any]
+    ended: Counter[JobState]
+    leased_ended: list[str]
 
 
 class Core:
@@ -292,9 +306,13 @@ class Core:
 
     # -- resume ---------------------------------------------------------------------------------------
 
-    def resume(self, *, jobs: list[JobRecord], nodes: list[NodeConfigured], next_seq: int, leases: Any = None) -> None:
+    def resume(self, journal: Journaled) -> None:
         """Rebuild from the journal of a daemon that died: jobs, queue, nodes and their held slots. The
-        agents keep running and register again (with their unacknowledged events)."""
+        agents keep running and register again (with their unacknowledged events). The journal's ended
+        jobs come counted (``journal.ended``), with those of their ids that lie in a lease
+        (``journal.leased_ended``)."""
+        jobs, nodes, ended = journal.jobs, journal.nodes, journal.ended
+        leases = journal.meta.get(LEASES_META)
         for node in nodes:
             agent = self.agents.register(node)
             agent.confirmed = False
@@ -302,9 +320,10 @@ class Core:
             known = self.allocations.held.get(allocation_of_node(node.name))
             if known is None or known.over:
                 self.agents.gone(agent, f"node {node.name}'s allocation ended before the restart")
-        last_leased = self.book.leases.restore(leases, (job.id for job in jobs))
-        self.book.seq = max(next_seq - 1, last_leased)
+        last_leased = self.book.leases.restore(leases, itertools.chain((job.id for job in jobs), journal.leased_ended))
+        self.book.seq = max(journal.next_seq - 1, last_leased)
         book = self.book
+        book.counts.update(ended)
         for job in jobs:
             if job.final:
                 book.counts[job.state] += 1

@@ -148,10 +148,10 @@ class CoreEnv:
         assert self.store is not None
         self.store.close()
         store = Store.open(path)
-        recovered = store.load()
+        recovered = store.load(ended=False)  # as the daemon loads it: its ended jobs counted, not built
         again = CoreEnv(nodes=self.nodes, cores=self.cores, store=store)
         again.clock.set(wall=self.clock.wall + 1, mono=self.clock.mono + 1)
-        again.core.resume(jobs=recovered.jobs, nodes=recovered.nodes, next_seq=recovered.next_seq)
+        again.core.resume(recovered)
         for job_id in list(again.core.book.jobs):
             again.core.on_attach(CLIENT, job_id)
         again.step()
