@@ -293,7 +293,12 @@ def test_journal_checkpoints_while_running_lose_nothing(start_pilot: Callable[..
     p.kill9()
     p.up_again()
     ex2 = p.executor()
-    assert ids <= set(list_when_back(ex2))
+    listed = set(list_when_back(ex2))
+    missing = sorted(ids - listed, key=int)
+    assert not missing, (
+        f"{len(missing)} of {len(ids)} jobs not listed after the restart (e.g. {missing[:5]}); "
+        f"it lists {len(listed)}, ids {min(listed, key=int, default=None)}-{max(listed, key=int, default=None)}"
+    )
     for native_id in sorted(ids)[::50]:
         job = psij.Job()
         ex2.attach(job, native_id)
