@@ -114,25 +114,26 @@ class _Client:
         self._sock = sock
         self._lock = threading.Lock()
         self._inbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-        self._want = b""
-        self._done = threading.Event()
+        #: The token the current trip waits for and its event, replaced together: an answer to an earlier
+        #: payload read by the dispatch thread while a new trip starts sets only the earlier trip's event.
+        self._waiting: tuple[bytes, threading.Event] = (b"", threading.Event())
         self._stop = False
         self._rfd, self._wfd = os.pipe()
         self._threads = [threading.Thread(target=self._reader), threading.Thread(target=self._dispatcher)]
         for t in self._threads:
             t.start()
 
-    def send(self, token: bytes) -> None:
+    def send(self, token: bytes, *, pad: bool = True) -> None:
         with self._lock:
-            self._sock.send(token.ljust(_PAYLOAD, b"x"))
+            self._sock.send(token.ljust(_PAYLOAD, b"x") if pad else token)
             if _has_input(self._sock):
                 os.write(self._wfd, b"\0")
 
     def trip(self, token: bytes, *, timeout: float) -> bool:
-        self._want = token
-        self._done.clear()
+        done = threading.Event()
+        self._waiting = (token, done)
         self.send(token)
-        return self._done.wait(timeout)
+        return done.wait(timeout)
 
     def _reader(self) -> None:
         poller = zmq.Poller()
@@ -147,8 +148,9 @@ class _Client:
 
     def _dispatcher(self) -> None:
         while (frame := self._inbox.get()) != b"stop":
-            if frame.startswith(self._want):
-                self._done.set()
+            want, done = self._waiting
+            if frame.startswith(want):
+                done.set()
 
     def close(self) -> None:
         self._stop = True
@@ -180,8 +182,7 @@ def _path() -> Iterator[_Client]:
                 else:
                     raise RuntimeError("the relay floor's processes did not answer")
                 yield client
-                with client._lock:
-                    sock.send(b"bye")
+                client.send(b"bye", pad=False)
             finally:
                 client.close()
         finally:
