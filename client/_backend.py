@@ -31,7 +31,7 @@ from client._pipeline import RETRY_DELAY, Pipeline
 from client._reader import report
 from client._requests import DEFAULT_REQUEST_TIMEOUT, SubmitIds, Ticket
 from client.exceptions import InvalidJobException, SubmitException
-from pilot import wire
+from pilot import job_ids, wire
 from pilot.rundir import RunDir
 from pilot.security import ENV_CLIENT_ACCESS, Credentials, SecurityError, read_client_access
 from pilot.wire.messages import StatusReport
@@ -241,8 +241,18 @@ class Backend:
             raise SubmitException(str(result["error"]))
 
     def list(self) -> builtins.list[str]:
-        body = self.request(wire.Kind.LIST, {})
-        return [str(i) for i in body.get("ids", [])]
+        body = self.request(wire.Kind.LIST, {"ranges": True})
+        if "error" in body:
+            raise SubmitException(f"cannot list the pilot's jobs: {body['error']}")
+        try:
+            if "ranges" in body:
+                return job_ids.from_wire(body["ranges"])
+            ids = body.get("ids")  # (a pilot from before ranges)
+            if not isinstance(ids, builtins.list):
+                raise ValueError(f"'ids' must be a list, not {type(ids).__name__}")
+            return [str(i) for i in ids]
+        except ValueError as exc:
+            raise SubmitException(f"malformed job list from the pilot: {exc}") from None
 
     def status(self) -> dict[str, Any]:
         return self.request(wire.Kind.STATUS, {})

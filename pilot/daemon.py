@@ -23,7 +23,7 @@ import structlog
 import zmq
 
 import pilot
-from pilot import history, job_log, lrm, site, views, wire
+from pilot import history, job_ids, job_log, lrm, site, views, wire
 from pilot.acquisition import Acquisition
 from pilot.allocations import AllocationBook, PilotAllocation, Site
 from pilot.config import Config
@@ -443,8 +443,10 @@ class Daemon:
                 return {"results": [views.explain(core, i) for i in ids]}
             case Show(ids=ids):
                 return {"results": [views.show(core, i) for i in ids]}
-            case ListJobs():
-                return {"ids": views.job_ids(core)}
+            case ListJobs(ranges=True):
+                return {"ranges": core.book.ids.ranges()}
+            case ListJobs():  # (a client from before ranges: one string per job)
+                return {"ids": job_ids.expand(core.book.ids.ranges())}
             case Jobs(states=states, name=name, run=run, since=since, limit=limit, delivered=delivered):
                 return views.jobs(
                     core, states=states, name=name, run=run, since=since, limit=limit, delivered=delivered

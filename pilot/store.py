@@ -333,13 +333,6 @@ class Store:
             raise _error(self.path, exc) from None
         return found
 
-    def job_ids(self) -> list[str]:
-        """Every job id the journal holds, in submission order."""
-        try:
-            return [str(row[0]) for row in self._db.execute("SELECT id FROM jobs ORDER BY seq")]
-        except sqlite3.Error as exc:
-            raise _error(self.path, exc) from None
-
     def job_rows(
         self, *, states: Sequence[str] = (), since: float | None = None, newest_first: bool = False
     ) -> Iterator[tuple[Any, ...]]:

@@ -16,6 +16,8 @@ from typing import Any, Final
 from pilot.core.leases import META as LEASES_META
 from pilot.core.phase import Phase
 from pilot.frontends import JOURNAL_EXTRAS
+from pilot.job_ids import META as IDS_META
+from pilot.job_ids import Ranges, journal_ranges
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import PlannedProcess
 from pilot.lrm.base import Allocation, AllocationState
@@ -52,6 +54,8 @@ class Recovered:
     ended: Counter[JobState] = field(default_factory=Counter)
     #: Ids of ended jobs left out of ``jobs`` that lie in a lease of ``meta``'s (the lease's id was used).
     leased_ended: list[str] = field(default_factory=list)
+    #: Every job id the journal holds (ended ones too), as runs (:mod:`pilot.job_ids`).
+    id_ranges: Ranges = field(default_factory=list)
 
     @property
     def allocation(self) -> Allocation | None:
@@ -106,6 +110,8 @@ def read(db: sqlite3.Connection, *, ended: bool) -> Recovered:
         for state, n in db.execute(f"SELECT state, count(*) FROM jobs WHERE {_IN_FINAL} GROUP BY state", _FINAL):
             out.ended[JobState(state)] = n
         out.leased_ended = _leased_ended(db, out.meta.get(LEASES_META))
+    total = len(out.jobs) + sum(out.ended.values())
+    out.id_ranges = journal_ranges(db, kept=out.meta.get(IDS_META), total=total)
     return out
 
 

@@ -28,12 +28,6 @@ from pilot.scheduler.distribution import why_not
 from pilot.security import redact
 
 
-def job_ids(core: Core) -> list[str]:
-    history = core.book.history
-    known = history.job_ids() if history is not None else []
-    return sorted(set(known).union(core.book.jobs), key=_id_order)
-
-
 def jobs(
     core: Core,
     *,

@@ -24,6 +24,7 @@ from pilot_waits import gone, read_pid, wait_for
 
 import client as psij
 from client import JobState
+from pilot import wire
 
 WAIT = 30.0  # seconds a job may take to reach a final state; never reached by a passing test
 
@@ -357,6 +358,10 @@ def test_native_id_set_before_submit_returns_and_listed(start_pilot, tmp_path: P
     assert None not in rec.native_ids_seen
     # Finished jobs stay listed, also for a fresh executor.
     assert set(ids) <= set(pilot.executor().list())
+    # A client from before LIST answered in runs gets one string per job, the same ids.
+    body = ex._backend.request(wire.Kind.LIST, {})
+    assert "ranges" not in body and body["ids"] == ex.list()
+    assert ex._backend.request(wire.Kind.LIST, {"ranges": True})["ranges"] == [[int(ids[0]), int(ids[-1])]]
 
 
 def test_resubmit_raises_invalid_state(start_pilot) -> None:

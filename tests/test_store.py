@@ -550,7 +550,7 @@ def test_a_schema_5_journal_keys_its_jobs_by_number(tmp_path: Path) -> None:
         assert store.job_record("010") is None and store.job_record("x") is None
         with store.batch() as tx:
             tx.job_accepted("12", 12, _desc(12), 12.0)
-        assert store.job_ids() == ["1", "2", "9", "10", "11", "12"]
+        assert store.load().id_ranges == [[1, 2], [9, 12]]
         assert [row[0] for row in store.job_rows()] == ["1", "2", "9", "10", "11", "12"]
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

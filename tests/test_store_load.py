@@ -54,6 +54,7 @@ def test_ended_jobs_are_counted_and_the_unfinished_loaded_as_in_full(tmp_path: P
     assert lean.ended == {JobState.COMPLETED: 1, JobState.FAILED: 1, JobState.CANCELED: 1}
     assert lean.leased_ended == ["2", "3"]  # in the lease, ended; 4 is loaded, 9 is outside the lease
     assert lean.next_seq == full.next_seq == 10
+    assert lean.id_ranges == full.id_ranges == [[1, 4], [9, 9]]  # ended jobs' ids too
     assert lean.meta == full.meta and lean.allocations == full.allocations
     by_id = {j.id: j for j in full.jobs}
     for job in lean.jobs:

@@ -49,6 +49,7 @@ SAMPLES: list[Any] = [
     m.Release(6, ("1",)),
     m.Hello(7),
     m.ListJobs(8),
+    m.ListJobs(8, ranges=True),
     m.Status(9),
     m.Nodes(10),
     m.Shutdown(11, drain=True),

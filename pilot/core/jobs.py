@@ -17,6 +17,8 @@ from pilot.core.leases import META as LEASES_META
 from pilot.core.leases import MOST, Leases
 from pilot.core.outbox import Outbox
 from pilot.core.phase import NEXT, IllegalMove, Phase
+from pilot.job_ids import META as IDS_META
+from pilot.job_ids import JobIds
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.model.job_state import JobState
 from pilot.scheduler.dag import JobGraph, Outcome, Verdict
@@ -31,8 +33,6 @@ class History(Protocol):
     def job_record(self, job_id: str) -> tuple[dict[str, Any], list[Any], float, float | None, float | None] | None: ...
 
     def jobs_by_submit_id(self, submit_ids: list[str]) -> dict[str, list[str]]: ...
-
-    def job_ids(self) -> list[str]: ...
 
     def job_rows(
         self, *, states: Sequence[str] = (), since: float | None = None, newest_first: bool = False
@@ -60,6 +60,8 @@ class JobBook:
         #: Unstarted jobs with a start time or a start-by bound (JRDL): checked by :meth:`check_times`.
         self.timed: dict[str, JobRecord] = {}
         self.seq = 0  # the last job id given (to a job, or leased to a client)
+        #: The id of every job the pilot holds, ended ones and those only the journal keeps too (LIST).
+        self.ids = JobIds()
         #: Ids leased to clients that have not all made jobs yet (``pilot/core/leases.py``).
         self.leases = Leases()
         #: Jobs accepted since the last journal commit under a client's submit id: submit id -> job ids
@@ -192,17 +194,19 @@ class JobBook:
     def accept(self, ident: bytes, job: JobRecord, raw: Any, *, submit_id: str | None = None) -> None:
         """A job the pilot takes: its id is the next one (:meth:`next_id`) or one leased for it (its
         submit id, checked free by admission)."""
+        number = int(job.id)
         if submit_id is not None and job.id == submit_id:
-            self.leases.use(int(job.id))
+            self.leases.use(number)
         else:
             self.seq += 1
-            assert job.id == str(self.seq)
+            assert number == self.seq
+        self.ids.add(number)
         if not job.subscribers:
             job.subscribers = self._followers(ident)
         elif ident not in job.subscribers:
             job.subscribers += (ident,)
         self.jobs[job.id] = job
-        self.outbox.journal.job_accepted(job.id, int(job.id), raw, job.submitted, submit_id=submit_id)
+        self.outbox.journal.job_accepted(job.id, number, raw, job.submitted, submit_id=submit_id)
         if submit_id is not None:
             made = self.fresh_by_submit_id.get(submit_id)
             if made is None:
@@ -322,6 +326,8 @@ class JobBook:
         tx = self.outbox.journal
         if self.leases.changed:
             tx.meta(LEASES_META, self.leases.journal_value())
+        if self.ids.changed:
+            tx.meta(IDS_META, self.ids.journal_value())
         placed = self._placed
         for job in self._dirty:
             tx.job_update(job, placed=job in placed)

@@ -30,6 +30,7 @@ from pilot.core.planning import Planner
 from pilot.core.schedule import Scheduler
 from pilot.core.state import CoreState
 from pilot.frontends import rebuild
+from pilot.job_ids import JobIds, Ranges
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import Launcher
 from pilot.model.job_description import DescriptionError
@@ -52,6 +53,7 @@ class Journaled(Protocol):
     meta: dict[str, Any]
     ended: Counter[JobState]
     leased_ended: list[str]
+    id_ranges: Ranges
 
 
 class Core:
@@ -324,6 +326,7 @@ class Core:
         self.book.seq = max(journal.next_seq - 1, last_leased)
         book = self.book
         book.counts.update(ended)
+        book.ids = JobIds(journal.id_ranges)
         for job in jobs:
             if job.final:
                 book.counts[job.state] += 1

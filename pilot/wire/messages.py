@@ -599,9 +599,22 @@ class Hello(_About):
     KIND = Kind.HELLO
 
 
-class ListJobs(_About):
-    __slots__ = ()
-    KIND = Kind.LIST
+@dataclass(frozen=True, slots=True)
+class ListJobs:
+    """Every job id the pilot holds. With ``ranges`` the answer is ``ranges``, runs of consecutive ids
+    as ``[first, last]`` pairs, which stays small however many jobs a pilot ran; without it (a client
+    from before ranges) ``ids``, one string per job."""
+
+    KIND: ClassVar[str] = Kind.LIST
+    rid: int
+    ranges: bool = False
+
+    def body(self) -> dict[str, Any]:
+        return {"rid": self.rid, "ranges": self.ranges}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        return cls(field(body, "rid", int), opt_field(body, "ranges", bool, False))
 
 
 @dataclass(frozen=True, slots=True)
