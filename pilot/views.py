@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 from pilot.allocations import allocation_of_node
@@ -55,16 +55,31 @@ def jobs(
         )
 
     live = core.book.jobs
+    # The jobs in memory that match (a million queued ones, in a deep queue), and of those the last
+    # ``limit`` by id, before any row is built: rows only for what is shown.
+    if wanted or since is not None or name is not None or run is not None:
+        keys: Collection[str] = [
+            k
+            for k, j in live.items()
+            if matches(j.state._value_, j.submitted, j.description.name, _run_of(j.description.custom_attributes))
+        ]
+    else:
+        keys = live.keys()
+    matched = len(keys)
+    if limit is not None and matched > limit:
+        keys = [str(i) for i in sorted(map(int, keys))[-limit:]]  # (accept order is nearly id order: fast)
     chosen = [
         _live_row(j) | ({"delivered": j.metadata if j.final else {}} if delivered else {})
-        for j in live.values()
-        if matches(j.state.value, j.submitted, j.description.name, _run_of(j.description.custom_attributes))
+        for j in map(live.__getitem__, keys)
     ]
     history = core.book.history
     more = False
-    if history is not None:
+    # Every unfinished job is in memory: the journal is read for ended ones only (not past the deep
+    # queue's rows, each of which it would have to read to skip).
+    ended = [s for s in _ENDED if not wanted or s in wanted]
+    if history is not None and ended:
         stored = 0
-        for raw in history.job_rows(states=states, since=since, newest_first=limit is not None):
+        for raw in history.job_rows(states=ended, since=since, newest_first=limit is not None):
             if raw[0] in live:
                 continue  # memory knows it better
             row = _stored_row(*raw) | ({"delivered": raw[6] or {}} if delivered else {})
@@ -76,10 +91,13 @@ def jobs(
             chosen.append(row)
             stored += 1
     chosen.sort(key=lambda r: _id_order(r["id"]))
-    if limit is None or len(chosen) <= limit:
+    total = len(chosen) + matched - min(matched, len(keys))  # (the live ones left out above too)
+    if limit is None or total <= limit:
         return {"jobs": chosen, "left_out": None if more else 0}
-    cut = len(chosen) - limit
-    return {"jobs": chosen[cut:], "left_out": None if more else cut}
+    return {"jobs": chosen[len(chosen) - limit :], "left_out": None if more else total - limit}
+
+
+_ENDED = [s.value for s in JobState if s.final]
 
 
 def history_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[dict[str, Any]]:

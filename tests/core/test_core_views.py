@@ -1,0 +1,104 @@
+"""'pilot jobs' and LIST against a core on a real journal: jobs in memory (running, behind a core,
+queued) and ended ones only the journal holds, before and after a restart.
+
+``views.jobs`` with a limit builds rows only for the last ``limit`` matching jobs in memory and reads
+the journal for ended jobs only; what it answers must be exactly the tail of the unlimited answer."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from core_env import CoreEnv, true
+
+from pilot import views
+from pilot.core.reactor import Core
+from pilot.store import Store
+
+pytestmark = pytest.mark.timeout(60)
+
+FILTERS: list[dict[str, Any]] = [
+    {},
+    {"states": ("QUEUED",)},
+    {"states": ("COMPLETED", "FAILED")},
+    {"states": ("ACTIVE", "COMPLETED")},
+    {"name": "odd-*"},
+    {"name": "even-*", "states": ("QUEUED", "FAILED")},
+    {"since": 0.0},
+]
+
+
+def _mixed(tmp_path: Path) -> tuple[CoreEnv, Path]:
+    """40 jobs on 2 cores: 16 ended (some FAILED), 2 running, 2 behind a core, the rest queued."""
+    path = tmp_path / "journal.db"
+    env = CoreEnv(cores=2, store=Store.open(path), pilot={"backlog": 1})
+    env.register("n0")
+    ids = env.submit(*(true(name=f"{'odd' if i % 2 else 'even'}-{i}") for i in range(40)))
+    env.step()
+    book = env.core.book
+    for job_id in ids[:18]:
+        assert book.jobs[job_id].run.processes, f"job {job_id} was not placed"
+        env.started("n0", job_id)
+        if int(job_id) <= 16:  # 16 end (every third FAILED); 17 and 18 run on
+            env.exited("n0", job_id, code=1 if int(job_id) % 3 == 0 else 0)
+        env.step()
+    return env, path
+
+
+def _check(core: Core, truth: dict[str, str]) -> None:
+    for filters, limit in itertools.product(FILTERS, (1, 3, 7, 100)):
+        full = views.jobs(core, **filters)
+        assert full["left_out"] == 0
+        wanted = set(filters.get("states", ())) or None
+        if "name" not in filters:
+            expect = [i for i, state in truth.items() if wanted is None or state in wanted]
+            assert [r["id"] for r in full["jobs"]] == expect, filters
+        cut = views.jobs(core, limit=limit, **filters)
+        assert cut["jobs"] == full["jobs"][-limit:], (filters, limit)
+        left = len(full["jobs"]) - len(cut["jobs"])
+        assert cut["left_out"] in (left, None), (filters, limit)
+        assert cut["left_out"] is not None or left > 0
+
+
+def test_the_last_rows_are_those_of_the_whole_answer_in_memory_and_from_the_journal(tmp_path: Path) -> None:
+    env, path = _mixed(tmp_path)
+    book = env.core.book
+    truth = {}  # id -> state, in id order
+    for job_id in map(str, range(1, 41)):
+        job = book.jobs.get(job_id)
+        found = env.store.job_status(job_id) if job is None and env.store is not None else None
+        truth[job_id] = job.state.value if job is not None else found[0][1] if found is not None else "?"
+    states = set(truth.values())
+    assert {"QUEUED", "ACTIVE", "COMPLETED", "FAILED"} <= states, states
+    assert sum(1 for j in truth if j not in book.jobs) >= 10  # ended: only the journal holds them
+    _check(env.core, truth)
+    assert book.ids.ranges() == [[1, 40]]
+
+    again = env.restarted(path)
+    _check(again.core, truth)
+    assert again.core.book.ids.ranges() == [[1, 40]]
+
+
+def test_jobs_of_leased_ids_accepted_out_of_their_order_are_cut_by_id(tmp_path: Path) -> None:
+    """Two clients' leased blocks: the later block's jobs come first, so memory holds them out of id
+    order; the last rows are still the greatest ids, and LIST's runs have the unused ids as holes."""
+    path = tmp_path / "journal.db"
+    env = CoreEnv(cores=1, store=Store.open(path))  # no agent: every job stays queued
+    core = env.core
+    a = core.on_lease(5)
+    b = core.on_lease(5)
+    assert (a["first"], b["first"]) == (1, 6)
+    for job_id in (7, 8, 9, 1, 2, 3):  # b's first, then a's; 4, 5, 6 and 10 never used
+        (result,) = core.on_submit(b"c", [true(name=f"j{job_id}").to_wire()], [str(job_id)])
+        assert result.get("id") == str(job_id), result
+    env.step()
+    assert list(core.book.jobs) == ["7", "8", "9", "1", "2", "3"]
+    for limit, ids in ((1, ["9"]), (2, ["8", "9"]), (4, ["3", "7", "8", "9"]), (9, ["1", "2", "3", "7", "8", "9"])):
+        cut = views.jobs(core, limit=limit)
+        assert [r["id"] for r in cut["jobs"]] == ids
+        assert cut["left_out"] == 6 - len(ids)
+    assert [r["id"] for r in views.jobs(core, limit=2, name="j[12]")["jobs"]] == ["1", "2"]
+    assert core.book.ids.ranges() == [[1, 3], [7, 9]]
+    assert env.restarted(path).core.book.ids.ranges() == [[1, 3], [7, 9]]
