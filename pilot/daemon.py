@@ -48,6 +48,7 @@ from pilot.wire.messages import (
     Attach,
     Body,
     Cancel,
+    CancelWhere,
     Explain,
     Jobs,
     Kill,
@@ -435,6 +436,8 @@ class Daemon:
                 return core.on_lease(count, give_back)
             case Cancel(ids=ids):
                 return {"results": [core.on_cancel(i) for i in ids]}
+            case CancelWhere(states=states, run=run):
+                return core.on_cancel_where(states, run)
             case Attach(ids=ids):
                 return {"results": [core.on_attach(ident, i) for i in ids]}
             case Release(ids=ids):

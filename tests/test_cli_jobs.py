@@ -120,6 +120,33 @@ def test_cancel_by_id_state_and_run(start_pilot: Any) -> None:
     assert ended.returncode == 2 and "those jobs have ended" in ended.stderr
 
 
+def test_cancel_of_a_deep_queue_by_state_and_run(start_pilot: Any) -> None:
+    """The pilot picks the jobs and names them back in runs of ids: 3,000 queued jobs of two runs."""
+    pilot = start_pilot('[allocation]\nlrm = "local"\nnodes = 1\ncores_per_node = 1\n[pilot]\nbacklog = 0\n', name="p")
+    agents_active(pilot.executor(), 1)
+    first = cli("submit", "--name", "p", "--array", "1-2000", "--", "sleep", "60")
+    second = cli("submit", "--name", "p", "--array", "1-1000", "--", "sleep", "60")
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    assert first.stdout.split(":")[1].strip() == "2000 job(s)", first.stdout
+    run = second.stdout.split(":")[0]
+    wait_for(lambda: len(rows("--name", "p", "--state", "ACTIVE")) == 1, what="job 1 running")
+    by_run = cli("cancel", "--name", "p", "--run", run, "--json")
+    assert by_run.returncode == 0, by_run.stderr
+    assert [(r["id"], r["state"], r["canceled"]) for r in json.loads(by_run.stdout)] == [
+        (str(i), "QUEUED", True) for i in range(2001, 3001)
+    ]
+    queued = cli("cancel", "--name", "p", "--state", "QUEUED")
+    assert queued.returncode == 0, queued.stderr
+    assert queued.stdout.splitlines() == [f"job {i}: canceled (was QUEUED)" for i in range(2, 2001)]
+    wait_for(lambda: len(rows("--name", "p", "--state", "CANCELED", "--limit", "5000")) == 2999, what="2,999 canceled")
+    both = cli("cancel", "--name", "p", "--state", "ACTIVE,QUEUED", "1", "5")
+    assert both.returncode == 0, both.stderr
+    assert both.stdout.splitlines() == [
+        "job 1: canceled (was ACTIVE)",
+        "job 5: had already ended CANCELED; nothing to cancel",
+    ]
+
+
 def test_show_is_human_by_default_with_xml_and_json(start_pilot: Any) -> None:
     start_pilot(TWO, name="p")
     done = cli("run", "--name", "p", "-n", "1", "--", "/bin/sh", "-c", "exit 3")

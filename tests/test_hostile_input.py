@@ -189,6 +189,9 @@ REJECTED: list[tuple[str, str, dict[str, Any], str]] = [
     ),
     ("cancel ids not strings", Kind.CANCEL, {"ids": [1, 2]}, "bad cancel request: field 'ids' must be a list"),
     ("cancel of no such job", Kind.CANCEL, {"ids": ["424242"]}, "no job '424242' in this pilot"),
+    ("cancel where nothing is named", Kind.CANCEL_WHERE, {}, "give 'states', 'run' or both"),
+    ("cancel where a state is no state", Kind.CANCEL_WHERE, {"states": ["DONE"]}, "unknown state 'DONE'"),
+    ("cancel where the run is a number", Kind.CANCEL_WHERE, {"run": 7}, "bad cancel_where request: field 'run'"),
     ("attach ids a string", Kind.ATTACH, {"ids": "1"}, "bad attach request: field 'ids' must be list, not str"),
     ("attach of no such job", Kind.ATTACH, {"ids": ["-1"]}, "no job '-1' in this pilot"),
 ]

@@ -43,6 +43,8 @@ SAMPLES: list[Any] = [
     m.Stop("pilot stopped"),
     m.Submit(1, [{"executable": "/bin/true"}], ["k-1"]),
     m.Cancel(2, ("1", "2")),
+    m.CancelWhere(2, ("QUEUED",), "run-1"),
+    m.CancelWhere(2, run="run-1"),
     m.Attach(3, ("1",)),
     m.Explain(4, ("1",)),
     m.Show(5, ("1",)),

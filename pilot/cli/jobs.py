@@ -184,7 +184,7 @@ def _clip(text: str, width: int) -> str:
 
 
 def cancel_cmd(args: argparse.Namespace) -> None:
-    from pilot import wire
+    from pilot import job_ids, wire
 
     if not (args.ids or args.state or args.run):
         fail("name the jobs: IDs, --state STATE or --run RUN ('pilot jobs' lists them)", code=2)
@@ -192,37 +192,38 @@ def cancel_cmd(args: argparse.Namespace) -> None:
     if args.state and set(args.state) <= ended:
         fail(f"--state {','.join(args.state)}: those jobs have ended; nothing to cancel", code=2)
     rundir = rundir_of(args)
-    # Only unfinished jobs can be canceled, and the pilot holds every one of them in memory.
-    unfinished = [s.value for s in JobState if not s.final]
-    known = {
-        r["id"]: r for r in query(argparse.Namespace(rundir=rundir.path, state=unfinished), limit=None).get("jobs", [])
-    }
-    picked: list[str] = [
-        r["id"]
-        for r in known.values()
-        if (args.state or args.run)
-        and (not args.state or r["state"] in args.state)
-        and (not args.run or r.get("run") == args.run)
-    ]
     report: list[dict[str, Any]] = []
     bad = False
-    others = [i for i in dict.fromkeys(args.ids) if i not in known]
-    if others:  # ended, or unknown: the pilot's answer says which
-        for job_id, r in zip(others, _show(rundir, others), strict=False):
+    if args.state or args.run:  # picked by the pilot, which holds every unfinished job
+        body = {"states": sorted(set(args.state or []) - ended), "run": args.run}
+        canceled = request(rundir, wire.Kind.CANCEL_WHERE, body, timeout=60.0).get("canceled")
+        try:
+            if not isinstance(canceled, dict):
+                raise ValueError(f"'canceled' must be a map of states, not {type(canceled).__name__}")
+            was = sorted((int(i), str(state)) for state, runs in canceled.items() for i in job_ids.from_wire(runs))
+        except ValueError as exc:
+            fail(f"malformed answer from the pilot: {exc}")
+        report += [{"id": str(i), "state": state, "canceled": True} for i, state in was]
+    done = {r["id"] for r in report}
+    named = [i for i in dict.fromkeys(args.ids) if i not in done]
+    unfinished: list[tuple[str, str]] = []  # (id, state) of the jobs named by id that have not ended
+    for job_id, r in zip(named, _show(rundir, named) if named else [], strict=False):
+        if "error" in r:
+            report.append({"id": job_id, "error": str(r["error"])})
+            bad = True
+        elif r["job"]["state"] in ended:
+            report.append({"id": job_id, "state": r["job"]["state"], "canceled": False})
+        else:
+            unfinished.append((job_id, r["job"]["state"]))
+    if unfinished:
+        ids = [job_id for job_id, _ in unfinished]
+        results = request(rundir, wire.Kind.CANCEL, {"ids": ids}, timeout=60.0).get("results", [])
+        for (job_id, state), r in zip(unfinished, results, strict=False):
             if "error" in r:
                 report.append({"id": job_id, "error": str(r["error"])})
                 bad = True
             else:
-                report.append({"id": job_id, "state": r["job"]["state"], "canceled": False})
-    picked += [i for i in dict.fromkeys(args.ids) if i in known and i not in picked]
-    if picked:
-        results = request(rundir, wire.Kind.CANCEL, {"ids": picked}, timeout=60.0).get("results", [])
-        for job_id, r in zip(picked, results, strict=False):
-            if "error" in r:
-                report.append({"id": job_id, "error": str(r["error"])})
-                bad = True
-            else:
-                report.append({"id": job_id, "state": known.get(job_id, {}).get("state"), "canceled": True})
+                report.append({"id": job_id, "state": state, "canceled": True})
     if args.json:
         print_json(report)
     else:

@@ -33,7 +33,7 @@ from pilot.frontends import rebuild
 from pilot.job_ids import JobIds, Ranges
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import Launcher
-from pilot.model.job_description import DescriptionError
+from pilot.model.job_description import RUN_TAG, DescriptionError
 from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
 from pilot.scheduler.cluster import Cluster
@@ -42,6 +42,9 @@ from pilot.scheduler.distribution import resumed_placement
 from pilot.wire.messages import AgentMessage, Stop
 
 log = structlog.get_logger("pilot.core")
+
+
+_STATES = [s.value for s in JobState]
 
 
 class Journaled(Protocol):
@@ -104,6 +107,31 @@ class Core:
             return {"error": f"no job {job_id!r} in this pilot"}
         self.lifecycle.cancel(job, reason=reason)
         return {"id": job_id}
+
+    def on_cancel_where(self, states: tuple[str, ...], run: str | None) -> dict[str, Any]:
+        """Cancel every unfinished job in one of ``states`` (any, if none) and of the run ``run`` (any, if
+        None): every unfinished job is in memory. The answer names them as runs of ids, by the state each
+        was in (a deep queue's million jobs in a few runs, not a million ids)."""
+        unknown = [s for s in states if s not in _STATES]
+        if unknown:
+            return {"error": f"unknown state {unknown[0]!r}; use one of {', '.join(_STATES)}"}
+        wanted = set(states)
+        picked = [
+            job
+            for job in self.book.jobs.values()
+            if not job.final
+            and job.cancel_reason is None
+            and (not wanted or job.state._value_ in wanted)
+            and (run is None or job.description.custom_attributes.get(RUN_TAG) == run)
+        ]
+        was: dict[str, JobIds] = {}
+        for job in picked:
+            ids = was.get(job.state._value_)
+            if ids is None:
+                ids = was[job.state._value_] = JobIds()
+            ids.add(int(job.id))
+            self.lifecycle.cancel(job, reason="canceled")
+        return {"canceled": {state: ids.ranges() for state, ids in was.items()}}
 
     def on_abandon(self, submit_ids: list[str]) -> list[dict[str, Any]]:
         """Submit ids whose client gave up waiting for their answer, from the client or from the run

@@ -25,6 +25,7 @@ class Kind:
     HELLO: Final = "hello"
     SUBMIT: Final = "submit"
     CANCEL: Final = "cancel"
+    CANCEL_WHERE: Final = "cancel_where"  # every unfinished job in a state or a run: 'pilot cancel --state/--run'
     ATTACH: Final = "attach"
     LIST: Final = "list"
     JOBS: Final = "jobs"  # one summary row per job, filtered: 'pilot jobs'
@@ -57,6 +58,7 @@ CLIENT_KINDS: Final = frozenset(
         Kind.HELLO,
         Kind.SUBMIT,
         Kind.CANCEL,
+        Kind.CANCEL_WHERE,
         Kind.ATTACH,
         Kind.LIST,
         Kind.JOBS,

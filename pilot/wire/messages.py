@@ -551,6 +551,33 @@ class Cancel(_ByIds):
     KIND = Kind.CANCEL
 
 
+@dataclass(frozen=True, slots=True)
+class CancelWhere:
+    """Cancel every unfinished job in one of ``states`` and of the run ``run`` (at least one given)."""
+
+    KIND: ClassVar[str] = Kind.CANCEL_WHERE
+    rid: int
+    states: tuple[str, ...] = ()
+    run: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        return {"rid": self.rid, "states": list(self.states), "run": self.run}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
+        states, run = _states(body), opt_field(body, "run", str)
+        if not states and run is None:
+            raise ProtocolError("name the jobs to cancel: give 'states', 'run' or both")
+        return cls(field(body, "rid", int), states, run)
+
+
+def _states(body: dict[str, Any]) -> tuple[str, ...]:
+    states = opt_field(body, "states", list, [])
+    if not all(isinstance(s, str) and len(s) <= 64 for s in states) or len(states) > 16:
+        raise ProtocolError("field 'states' must be a list of at most 16 state names")
+    return tuple(states)
+
+
 class Attach(_ByIds):
     """Follow jobs: their statuses come to this connection from now on."""
 
@@ -645,16 +672,14 @@ class Jobs:
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Self:
-        states = opt_field(body, "states", list, [])
-        if not all(isinstance(s, str) and len(s) <= 64 for s in states) or len(states) > 16:
-            raise ProtocolError("field 'states' must be a list of at most 16 state names")
+        states = _states(body)
         since = opt_field(body, "since", (int, float))
         limit = opt_field(body, "limit", int)
         if limit is not None and limit < 0:
             raise ProtocolError("field 'limit' must not be negative")
         return cls(
             field(body, "rid", int),
-            tuple(states),
+            states,
             opt_field(body, "name", str),
             opt_field(body, "run", str),
             None if since is None else float(since),
@@ -696,6 +721,7 @@ ClientRequest = (
     | Abandon
     | Lease
     | Cancel
+    | CancelWhere
     | Attach
     | Explain
     | Show
@@ -715,6 +741,7 @@ TO_DAEMON_FROM_CLIENT: Mapping[str, type[Body]] = {
         Abandon,
         Lease,
         Cancel,
+        CancelWhere,
         Attach,
         Explain,
         Show,

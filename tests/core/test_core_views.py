@@ -15,6 +15,7 @@ from core_env import CoreEnv, true
 
 from pilot import views
 from pilot.core.reactor import Core
+from pilot.model.job_state import JobState
 from pilot.store import Store
 
 pytestmark = pytest.mark.timeout(60)
@@ -35,7 +36,12 @@ def _mixed(tmp_path: Path) -> tuple[CoreEnv, Path]:
     path = tmp_path / "journal.db"
     env = CoreEnv(cores=2, store=Store.open(path), pilot={"backlog": 1})
     env.register("n0")
-    ids = env.submit(*(true(name=f"{'odd' if i % 2 else 'even'}-{i}") for i in range(40)))
+    ids = env.submit(  # jobs 1-20 of run "a", 21-40 of run "b"
+        *(
+            true(name=f"{'odd' if i % 2 else 'even'}-{i}", custom_attributes={"pilot.run": "b" if i >= 20 else "a"})
+            for i in range(40)
+        )
+    )
     env.step()
     book = env.core.book
     for job_id in ids[:18]:
@@ -102,3 +108,24 @@ def test_jobs_of_leased_ids_accepted_out_of_their_order_are_cut_by_id(tmp_path: 
     assert [r["id"] for r in views.jobs(core, limit=2, name="j[12]")["jobs"]] == ["1", "2"]
     assert core.book.ids.ranges() == [[1, 3], [7, 9]]
     assert env.restarted(path).core.book.ids.ranges() == [[1, 3], [7, 9]]
+
+
+def test_cancel_where_cancels_the_unfinished_jobs_of_a_state_and_run_and_names_them_in_runs(tmp_path: Path) -> None:
+    env, _ = _mixed(tmp_path)
+    core = env.core
+    assert core.on_cancel_where(("DONE",), None) == {
+        "error": "unknown state 'DONE'; use one of " + ", ".join(s.value for s in JobState)
+    }
+    assert core.on_cancel_where(("QUEUED",), "b") == {"canceled": {"QUEUED": [[21, 40]]}}
+    env.step()
+    assert all(env.state(str(i)) is JobState.CANCELED for i in range(21, 41))
+    assert core.on_cancel_where(("QUEUED",), "b") == {"canceled": {}}  # (ended: nothing more to cancel)
+    everything = core.on_cancel_where((), "a")
+    assert everything == {"canceled": {"ACTIVE": [[17, 18]], "QUEUED": [[19, 20]]}}
+    step = env.step()  # running or waiting at the agent behind a core: their orders are killed
+    assert sorted(ref[0] for refs in step.kills("n0").values() for ref in refs) == ["17", "18", "19", "20"]
+    assert core.on_cancel_where((), "a") == {"canceled": {}}  # asked already: not asked twice
+    for job_id in ("17", "18"):
+        env.exited("n0", job_id, code=-15)
+    env.step()
+    assert [env.state(i) for i in ("17", "18")] == [JobState.CANCELED] * 2
