@@ -24,6 +24,8 @@ Ranges = list[list[int]]
 
 #: The journal's meta key of the runs (:meth:`JobIds.journal_value`).
 META: Final = "job_runs"
+#: ... and of the jobs a mass cancel has not ended yet (``JobBook.cancel_later``).
+CANCELING_META: Final = "canceling"
 
 #: The first and the last id of each run: a scan of the jobs table in id order with one primary-key
 #: probe per row, all in SQLite's C (~0.45 s each per million jobs).
@@ -118,6 +120,17 @@ def _kept_runs(db: sqlite3.Connection, kept: Any, least: int) -> Ranges | None:
             return None
         runs.append([start, row[0]])
     return runs
+
+
+def canceling_runs(kept: Any) -> Ranges:
+    """The runs of a journal's meta value of jobs a mass cancel had not ended (None: there was none).
+    Raises ValueError for a malformed one: which jobs were canceled cannot be known, and running them
+    would act against a request the pilot accepted."""
+    if kept is None:
+        return []
+    if not isinstance(kept, list) or not all(_is_run(r) for r in kept):
+        raise ValueError(f"the journal's list of jobs being canceled is damaged: {kept!r:.80}")
+    return [list(r) for r in kept]
 
 
 def _is_run(value: Any) -> bool:

@@ -16,8 +16,8 @@ from typing import Any, Final
 from pilot.core.leases import META as LEASES_META
 from pilot.core.phase import Phase
 from pilot.frontends import JOURNAL_EXTRAS
+from pilot.job_ids import CANCELING_META, Ranges, canceling_runs, journal_ranges
 from pilot.job_ids import META as IDS_META
-from pilot.job_ids import Ranges, journal_ranges
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import PlannedProcess
 from pilot.lrm.base import Allocation, AllocationState
@@ -112,6 +112,7 @@ def read(db: sqlite3.Connection, *, ended: bool) -> Recovered:
         out.leased_ended = _leased_ended(db, out.meta.get(LEASES_META))
     total = len(out.jobs) + sum(out.ended.values())
     out.id_ranges = journal_ranges(db, kept=out.meta.get(IDS_META), total=total)
+    canceling_runs(out.meta.get(CANCELING_META))  # (damaged: raises here, as the journal is read)
     return out
 
 

@@ -4,6 +4,7 @@ from a real journal after a restart, and checked when a client reads them off th
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +13,7 @@ from test_store import _desc
 
 from pilot import job_ids
 from pilot.job_ids import JobIds
-from pilot.store import Store
+from pilot.store import JournalError, Store
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -139,3 +140,17 @@ def test_a_malformed_answer_is_refused_before_anything_is_expanded(value: object
 def test_a_well_formed_answer_expands_in_order() -> None:
     assert job_ids.from_wire([[1, 3], [7, 7], [10, 11]]) == ["1", "2", "3", "7", "10", "11"]
     assert job_ids.from_wire([]) == []
+
+
+@pytest.mark.parametrize("value", [{"1": 2}, [[2, 1]], [[0, 3]], [["1", 2]], "x"])
+def test_a_damaged_list_of_jobs_being_canceled_is_a_damaged_journal(tmp_path: Path, value: object) -> None:
+    """Which jobs a mass cancel had not ended cannot be guessed: running them would go against a cancel
+    the pilot accepted. The journal is refused as damaged, saying what."""
+    path = tmp_path / "journal.db"
+    with Store.open(path) as store:
+        with store.batch() as tx:
+            tx.job_accepted("1", 1, _desc(1), 1.0)
+            tx.meta(job_ids.CANCELING_META, value)
+        with pytest.raises(JournalError, match="list of jobs being canceled is damaged"):
+            store.load(ended=False)
+    assert job_ids.canceling_runs(None) == [] and job_ids.canceling_runs([[3, 5]]) == [[3, 5]]

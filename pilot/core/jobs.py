@@ -8,7 +8,7 @@ the per-state counts, the subscribers' statuses and the dependents' verdicts in 
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -17,8 +17,8 @@ from pilot.core.leases import META as LEASES_META
 from pilot.core.leases import MOST, Leases
 from pilot.core.outbox import Outbox
 from pilot.core.phase import NEXT, IllegalMove, Phase
+from pilot.job_ids import CANCELING_META, JobIds
 from pilot.job_ids import META as IDS_META
-from pilot.job_ids import JobIds
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.model.job_state import JobState
 from pilot.scheduler.dag import JobGraph, Outcome, Verdict
@@ -48,12 +48,18 @@ class JobBook:
         self.counts: Counter[JobState] = Counter()
         self.queue: JobQueue[JobRecord] = JobQueue(
             category=lambda j: j.category,
-            alive=lambda j: j.phase is Phase.QUEUED,
+            alive=lambda j: j.phase is Phase.QUEUED and j.cancel_reason is None,
             priority=lambda j: j.request.priority,
             order=lambda j: int(j.id),
         )
         #: Jobs in BLOCKED: waiting for their dependencies or a <Hold> release.
         self.blocked: dict[str, JobRecord] = {}
+        #: Unplaced jobs canceled by a request that picked many (their ``cancel_reason`` set, never
+        #: placed): ended a bounded number per step (:meth:`end_canceled`), so canceling a deep queue does
+        #: not end a million jobs in one turn of the daemon. The journal has their ids as runs (meta
+        #: ``CANCELING_META``, one row, not one per job) until the last has ended with its own row.
+        self.canceling: deque[JobRecord] = deque()
+        self._canceling_ids: JobIds | None = None
         #: Jobs in BEHIND or WITHDRAWING, oldest first: id -> since when (monotonic).
         self.behind: dict[str, float] = {}
         self.graph = JobGraph()
@@ -133,6 +139,29 @@ class JobBook:
         """An unplaced job ends without running (canceled, refused by its dependencies, stranded)."""
         self.move(job, Phase.DONE)
         self.set_state(job, state, self.clock.wall if t is None else t, message=message)
+
+    def cancel_later(self, job: JobRecord, *, reason: str) -> None:
+        """An unplaced job canceled among many: it is never placed from now on, and ends in a later step
+        (:meth:`end_canceled`)."""
+        job.cancel_reason = reason
+        self.canceling.append(job)
+        if self._canceling_ids is None:
+            self._canceling_ids = JobIds()
+        self._canceling_ids.add(int(job.id))
+        self._canceling_ids.changed = True
+
+    def end_canceled(self, most: int) -> None:
+        """End up to ``most`` of the jobs waiting in :attr:`canceling` (those ended meanwhile by another
+        way are passed over)."""
+        pending = self.canceling
+        while pending and most > 0:
+            job = pending.popleft()
+            if job.phase is Phase.QUEUED or job.phase is Phase.BLOCKED:
+                self.end(job, JobState.CANCELED, message=job.cancel_reason or "canceled")
+                most -= 1
+        if not pending and self._canceling_ids is not None:
+            self._canceling_ids = None
+            self.outbox.journal.meta(CANCELING_META, [])  # (each has its final row in this batch)
 
     def changed(self, job: JobRecord, *, placed: bool = False) -> None:
         """The job's row (and with ``placed`` its placement) must be written at the next commit."""
@@ -271,7 +300,9 @@ class JobBook:
                 del self.timed[job.id]  # placed (or ended): its start times are behind it
                 continue
             within = job.request.start_within
-            if within is not None and now >= job.submitted + within:
+            if job.cancel_reason is not None:  # canceled, and ended as such by end_canceled
+                del self.timed[job.id]
+            elif within is not None and now >= job.submitted + within:
                 del self.timed[job.id]
                 self.end(
                     job,
@@ -328,6 +359,8 @@ class JobBook:
             tx.meta(LEASES_META, self.leases.journal_value())
         if self.ids.changed:
             tx.meta(IDS_META, self.ids.journal_value())
+        if self._canceling_ids is not None and self._canceling_ids.changed:
+            tx.meta(CANCELING_META, self._canceling_ids.journal_value())
         placed = self._placed
         for job in self._dirty:
             tx.job_update(job, placed=job in placed)

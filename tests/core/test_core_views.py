@@ -14,6 +14,7 @@ import pytest
 from core_env import CoreEnv, true
 
 from pilot import views
+from pilot.core import reactor
 from pilot.core.reactor import Core
 from pilot.model.job_state import JobState
 from pilot.store import Store
@@ -129,3 +130,46 @@ def test_cancel_where_cancels_the_unfinished_jobs_of_a_state_and_run_and_names_t
         env.exited("n0", job_id, code=-15)
     env.step()
     assert [env.state(i) for i in ("17", "18")] == [JobState.CANCELED] * 2
+
+
+def _state(env: CoreEnv, job_id: str) -> JobState:
+    """A job's state: in memory, or from the journal once it has left."""
+    job = env.core.book.jobs.get(job_id)
+    found = env.store.job_status(job_id) if job is None and env.store is not None else None
+    return job.state if job is not None else JobState(found[0][1]) if found is not None else JobState.NEW
+
+
+def test_a_mass_cancel_ends_its_jobs_a_bounded_number_per_step_and_none_is_placed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Queued jobs a CANCEL_WHERE picked end over several steps (the daemon's turns stay short); none
+    of them is placed meanwhile, also when cores come free, and a restart in the middle ends the rest."""
+    monkeypatch.setattr(reactor, "CANCELS_PER_STEP", 8)
+    path = tmp_path / "journal.db"
+    env = CoreEnv(cores=2, store=Store.open(path))
+    ids = env.submit(*(true() for _ in range(40)))
+    env.step()
+    assert env.core.on_cancel_where(("QUEUED",), None) == {"canceled": {"QUEUED": [[1, 40]]}}
+    step = env.step()
+    assert [_state(env, i) for i in ids].count(JobState.CANCELED) == 8
+    # Journaled: the 8 ended jobs' rows and the 40 ids as one run, not a row per canceled job.
+    assert step.journal.rows == 8 + 1
+    assert env.store is not None and env.store.load().meta["canceling"] == [[1, 40]]
+    step = env.register("n0")  # cores come free: nothing of the canceled is placed
+    assert not step.orders("n0")
+    assert [_state(env, i) for i in ids].count(JobState.CANCELED) == 16
+    (later,) = env.submit(true())  # a job submitted after the cancel runs, ahead of the rest's ending
+    step = env.step()
+    assert [o["job_id"] for o in step.orders("n0")] == [later]
+
+    again = env.restarted(path)  # the 16 not yet ended were journaled as canceled (its first step ends 8)
+    book = again.core.book
+    pending = [i for i in ids if i in book.jobs and not book.jobs[i].final]
+    assert len(pending) == 8 and all(book.jobs[i].cancel_reason == "canceled" for i in pending)
+    step = again.register("n0", running=[[later, 0]])
+    for _ in range(3):
+        assert later not in {o["job_id"] for o in step.orders("n0")} and not step.orders("n0")
+        step = again.step()
+    assert all(_state(again, i) is JobState.CANCELED for i in pending)
+    assert again.store is not None and again.store.load().meta["canceling"] == []  # all ended
+    assert not [j for j in book.jobs.values() if not j.final and j.id != later]
