@@ -24,6 +24,8 @@ Ranges = list[list[int]]
 
 #: The journal's meta key of the runs (:meth:`JobIds.journal_value`).
 META: Final = "job_runs"
+#: Most runs the journal keeps (~12 bytes each).
+JOURNALED_RUNS_MOST: Final = 4096
 #: ... and of the jobs a mass cancel has not ended yet (``JobBook.cancel_later``).
 CANCELING_META: Final = "canceling"
 
@@ -69,10 +71,12 @@ class JobIds:
             runs.insert(k, [i, i])
             self._firsts.insert(k, i)
 
-    def journal_value(self) -> Ranges:
-        """What the journal keeps (:data:`META`): the runs as they are now."""
+    def journal_value(self, *, most: int | None = None) -> Ranges | None:
+        """What the journal keeps (:data:`META`): the runs as they are now; None when there are more than
+        ``most`` (ids with that many holes, from many clients' leases left unused, are found by a scan
+        at a restart rather than written again in full as each new run starts)."""
         self.changed = False
-        return self.ranges()
+        return None if most is not None and len(self._runs) > most else self.ranges()
 
     def ranges(self) -> Ranges:
         """A copy: the runs change as jobs come."""

@@ -154,3 +154,14 @@ def test_a_damaged_list_of_jobs_being_canceled_is_a_damaged_journal(tmp_path: Pa
         with pytest.raises(JournalError, match="list of jobs being canceled is damaged"):
             store.load(ended=False)
     assert job_ids.canceling_runs(None) == [] and job_ids.canceling_runs([[3, 5]]) == [[3, 5]]
+
+
+def test_runs_past_the_most_journaled_are_left_to_the_scan() -> None:
+    kept = JobIds()
+    for i in range(1, 20, 2):  # ten runs of one id each
+        kept.add(i)
+    assert kept.journal_value(most=10) == [[i, i] for i in range(1, 20, 2)]
+    kept.add(30)
+    assert kept.journal_value(most=10) is None and not kept.changed
+    held = set(range(1, 20, 2)) | {30}
+    assert job_ids.journal_ranges(_table(held), kept=None, total=len(held)) == kept.ranges()

@@ -17,7 +17,7 @@ from pilot.core.leases import META as LEASES_META
 from pilot.core.leases import MOST, Leases
 from pilot.core.outbox import Outbox
 from pilot.core.phase import NEXT, IllegalMove, Phase
-from pilot.job_ids import CANCELING_META, JobIds
+from pilot.job_ids import CANCELING_META, JOURNALED_RUNS_MOST, JobIds
 from pilot.job_ids import META as IDS_META
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.model.job_state import JobState
@@ -358,7 +358,7 @@ class JobBook:
         if self.leases.changed:
             tx.meta(LEASES_META, self.leases.journal_value())
         if self.ids.changed:
-            tx.meta(IDS_META, self.ids.journal_value())
+            tx.meta(IDS_META, self.ids.journal_value(most=JOURNALED_RUNS_MOST))
         if self._canceling_ids is not None and self._canceling_ids.changed:
             tx.meta(CANCELING_META, self._canceling_ids.journal_value())
         placed = self._placed
