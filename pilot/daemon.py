@@ -582,6 +582,8 @@ class Daemon:
             self._stop.set()
         if written:
             core.book.retire()  # ended jobs leave memory once the journal holds them
+        if core.book.canceling and written and not held:  # (held: no step runs to end them)
+            self.poke()  # the next of a mass cancel's jobs end in the next turn, input or not
         self._progress.notify()
 
     def _effects(self) -> None:

@@ -318,6 +318,7 @@ class Core:
 
     def cancel_all(self, reason: str) -> None:
         self.allocations.stopping = True
+        self.book.end_canceled(len(self.book.canceling))  # (the pilot stops: no turn to spread them over)
         for job in list(self.book.jobs.values()):
             if not job.final:
                 self.lifecycle.cancel(job, reason=reason)

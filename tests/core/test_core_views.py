@@ -173,3 +173,19 @@ def test_a_mass_cancel_ends_its_jobs_a_bounded_number_per_step_and_none_is_place
     assert all(_state(again, i) is JobState.CANCELED for i in pending)
     assert again.store is not None and again.store.load().meta["canceling"] == []  # all ended
     assert not [j for j in book.jobs.values() if not j.final and j.id != later]
+
+
+def test_a_pilot_stopping_ends_the_jobs_a_mass_cancel_left_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reactor, "CANCELS_PER_STEP", 8)
+    env = CoreEnv(cores=2, store=Store.open(tmp_path / "journal.db"))
+    ids = env.submit(*(true() for _ in range(40)))
+    env.step()
+    env.core.on_cancel_where((), None)
+    env.step()
+    assert len(env.core.book.canceling) == 32
+    env.core.cancel_all("pilot stopped")
+    assert not env.core.book.canceling and env.core.settled()
+    env.step()
+    assert all(_state(env, i) is JobState.CANCELED for i in ids)
