@@ -40,7 +40,8 @@ from typing import Any, Final
 import msgpack
 
 from pilot.journal_check import wal_damage
-from pilot.store_batch import Batch, unpack
+from pilot.store_batch import Batch, pack_orders, unpack
+from pilot.store_load import FINAL as _FINAL
 from pilot.store_load import Recovered, read
 
 JOURNAL_FILE: Final = "journal.db"
@@ -50,8 +51,9 @@ CHECKPOINT_BYTES: Final = 4 << 20
 #: client's own id for it: pipelined submits), indexed, so a submit sent again after a lost answer finds
 #: the job it made the first time; 4: that column and its index renamed from key and jobs_key to
 #: submit_id and jobs_submit_id; 5: how many times each job was placed (its processes' job id follows it);
-#: 6: a job's id is the table's integer key (see _SCHEMA).
-SCHEMA_VERSION: Final = 6
+#: 6: a job's id is the table's integer key (see _SCHEMA); 7: a job's outstanding process orders are a
+#: column of its row (``orders``), written with the row and cleared when it ends, not a table's rows.
+SCHEMA_VERSION: Final = 7
 #: ``PRAGMA application_id`` of a pilot journal ("PJRN"): tells our file from any other SQLite database.
 APPLICATION_ID: Final = 0x504A524E
 
@@ -80,17 +82,10 @@ CREATE TABLE jobs (
     environment BLOB,
     unset BLOB,
     submit_id TEXT,
-    placements INTEGER NOT NULL DEFAULT -1
+    placements INTEGER NOT NULL DEFAULT -1,
+    orders BLOB
 );
 CREATE INDEX jobs_submit_id ON jobs (submit_id) WHERE submit_id IS NOT NULL;
-CREATE TABLE processes (
-    job_id TEXT NOT NULL,
-    slot INTEGER NOT NULL,
-    node TEXT NOT NULL,
-    order_wire BLOB NOT NULL,
-    holds BLOB NOT NULL,
-    PRIMARY KEY (job_id, slot)
-) WITHOUT ROWID;
 CREATE TABLE results (
     job_id TEXT NOT NULL,
     slot INTEGER NOT NULL,
@@ -496,6 +491,28 @@ def _migrate_v5(db: sqlite3.Connection, path: Path) -> None:
     db.execute(index[: index.index(";")])
 
 
+def _migrate_v6(db: sqlite3.Connection) -> None:
+    """Schema 6 kept each dispatched process order as a row of a table of its own, also once its job had
+    ended: the orders of unfinished jobs' processes without a result move into their job's row; the
+    table goes."""
+    if "orders" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:  # (5 -> 6 made it so)
+        db.execute("ALTER TABLE jobs ADD COLUMN orders BLOB")
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'processes'").fetchone():
+        return
+    outstanding: dict[str, list[list[Any]]] = {}
+    rows = db.execute(
+        "SELECT p.job_id, p.slot, p.node, p.order_wire, p.holds FROM processes AS p"
+        f" JOIN jobs AS j ON j.id = CAST(p.job_id AS INTEGER) WHERE j.state NOT IN ({', '.join('?' * len(_FINAL))})"
+        " AND NOT EXISTS (SELECT 1 FROM results AS r WHERE r.job_id = p.job_id AND r.slot = p.slot)",
+        _FINAL,
+    )
+    for job_id, slot, node, order, holds in rows:
+        outstanding.setdefault(job_id, []).append([slot, node, bytes(order), unpack(holds)])
+    moved = [(pack_orders(o), int(j)) for j, o in outstanding.items()]
+    db.executemany("UPDATE jobs SET orders = ? WHERE id = ?", moved)
+    db.execute("DROP TABLE processes")
+
+
 def _damaged(path: Path, damage: str) -> JournalDamaged:
     return JournalDamaged(f"the pilot journal {path} is damaged: {damage}; {_FIX.format(path=path)}", damage=damage)
 
@@ -563,6 +580,8 @@ def _setup(db: sqlite3.Connection, path: Path, *, durable: bool) -> None:
                     _migrate_v4(db)
                 if version <= 5:
                     _migrate_v5(db, path)
+                if version <= 6:
+                    _migrate_v6(db)
                 if version < SCHEMA_VERSION:
                     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")

@@ -37,13 +37,24 @@ def unpack(blob: bytes) -> Any:
     return msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=True)
 
 
+def _orders(processes: Mapping[int, PlannedProcess]) -> bytearray:
+    """A job's outstanding processes for its row: [slot, node, order (msgpack, as sent), holds] each."""
+    entries = [[slot, p.node, p.packed or pack(p.order.to_wire()), p.holds] for slot, p in processes.items()]
+    return bytearray(pack_orders(entries))
+
+
+def pack_orders(orders: list[list[Any]]) -> bytes:
+    """[slot, node, order bytes, holds] entries as the jobs table's ``orders`` column holds them."""
+    return pack(orders)
+
+
 def _pack_ranks(ranks: Sequence[RankPlacement]) -> bytearray:
     return blob([[r.node, r.cores, r.gpus, r.memory, r.behind] for r in ranks])
 
 
 #: A new job's row in ``Batch._accepted`` (the INSERT's columns): id, seq, description, submitted, then
-#: from here the fields ``job_update`` rewrites (state ... placements), then the placement (ranks), then
-#: the client's submit id (ranks and submit id are always a row's last two).
+#: from here the fields ``job_update`` rewrites (state ... placements), then the placement (ranks), its
+#: outstanding orders, then the client's submit id (always a row's last three).
 _CHANGING: Final = 4
 #: Of those fields, the ones a job has none of until it runs or ends (exit code, message, Delivered,
 #: started, ended, cancel reason), and the others. A row whose ``_UNSET`` fields are all None is kept
@@ -57,35 +68,44 @@ _COLUMNS: Final = (
     "placements"
 )
 _INSERT: Final = (
-    f"INSERT INTO jobs (id, seq, description, submitted, {_COLUMNS}, ranks, submit_id) VALUES ({', '.join(['?'] * 18)})"
+    f"INSERT INTO jobs (id, seq, description, submitted, {_COLUMNS}, ranks, orders, submit_id)"
+    f" VALUES ({', '.join(['?'] * 19)})"
 )
-#: A job none of whose ``_UNSET`` fields is set: a 12-value row.
+#: A job none of whose ``_UNSET`` fields is set: a 13-value row.
 _INSERT_NEW: Final = (
     "INSERT INTO jobs (id, seq, description, submitted, state, state_time, phase, closing, attempt, placements,"
-    f" ranks, submit_id) VALUES ({', '.join(['?'] * 12)})"
+    f" ranks, orders, submit_id) VALUES ({', '.join(['?'] * 13)})"
 )
-_NEW_ROW: Final = 12
+_NEW_ROW: Final = 13
 _UPDATE: Final = (
     "UPDATE jobs SET state = ?, state_time = ?, exit_code = ?, message = ?, metadata = ?, phase = ?, "
-    "started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ?, placements = ?, "
+    "started = ?, ended = ?, cancel_reason = ?, closing = ?, attempt = ?, placements = ?, orders = ?, "
     "ranks = coalesce(?, ranks) WHERE id = ?"
 )
-#: A job none of whose ``_UNSET`` fields is set (placed, or queued again): an 8-value row.
+#: A job none of whose ``_UNSET`` fields is set (placed, or queued again): a 9-value row.
 _UPDATE_NEW: Final = (
     "UPDATE jobs SET state = ?, state_time = ?, exit_code = NULL, message = NULL, metadata = NULL, phase = ?, "
-    "started = NULL, ended = NULL, cancel_reason = NULL, closing = ?, attempt = ?, placements = ?, "
+    "started = NULL, ended = NULL, cancel_reason = NULL, closing = ?, attempt = ?, placements = ?, orders = ?, "
     "ranks = coalesce(?, ranks) WHERE id = ?"
 )
-_NEW_UPDATE_ROW: Final = 8
+_NEW_UPDATE_ROW: Final = 9
 #: A job with no message, no cancel reason and no new placement (one that ran and ended plainly, or
-#: started): an 11-value row.
+#: started): a 12-value row.
 _UPDATE_PLAIN: Final = (
     "UPDATE jobs SET state = ?, state_time = ?, exit_code = ?, message = NULL, metadata = ?, phase = ?, "
-    "started = ?, ended = ?, cancel_reason = NULL, closing = ?, attempt = ?, placements = ? WHERE id = ?"
+    "started = ?, ended = ?, cancel_reason = NULL, closing = ?, attempt = ?, placements = ?, orders = ? WHERE id = ?"
 )
-_PLAIN_ROW: Final = 11
+_PLAIN_ROW: Final = 12
+#: ... one with no process outstanding (it ended so, say: no orders bound): an 11-value row.
+_UPDATE_ENDED: Final = _UPDATE_PLAIN.replace("orders = ?", "orders = NULL")
+_ENDED_ROW: Final = 11
 #: Each UPDATE by the length of its rows (ranks are the second last value of all but the plain ones).
-_UPDATES: Final = {_NEW_UPDATE_ROW: _UPDATE_NEW, _PLAIN_ROW: _UPDATE_PLAIN, 14: _UPDATE}  # 14: every field
+_UPDATES: Final = {
+    _NEW_UPDATE_ROW: _UPDATE_NEW,
+    _ENDED_ROW: _UPDATE_ENDED,
+    _PLAIN_ROW: _UPDATE_PLAIN,
+    15: _UPDATE,  # every field
+}
 
 
 class Batch:
@@ -98,7 +118,6 @@ class Batch:
         "_accepted",
         "_accepted_at",
         "_alloc",
-        "_dispatched",
         "_envs",
         "_forgot",
         "_meta",
@@ -114,13 +133,12 @@ class Batch:
         #: INSERT, not an INSERT and an UPDATE.
         self._accepted: list[tuple[Any, ...]] = []
         self._accepted_at: dict[str, int] = {}  # job id -> its row in _accepted
-        self._dispatched: list[tuple[Any, ...]] = []
         self._results: list[tuple[Any, ...]] = []
         self._envs: list[tuple[Any, ...]] = []
         self._alloc: dict[int, tuple[Any, ...]] = {}
         self._requeued: list[tuple[str]] = []
-        #: Requeued job -> how long _updates, _envs, _dispatched and _results were when it was (_prune).
-        self._forgot: dict[str, tuple[int, int, int, int]] = {}
+        #: Requeued job -> how long _updates, _envs and _results were when it was (_prune).
+        self._forgot: dict[str, tuple[int, int, int]] = {}
         self._updates: list[tuple[Any, ...]] = []
         self._nodes: list[tuple[str, bytes]] = []
         self._meta: list[tuple[str, bytes]] = []
@@ -144,7 +162,7 @@ class Batch:
         raw = description.to_wire() if isinstance(description, JobDescription) else description
         self._accepted_at[job_id] = len(self._accepted)
         fields = (state._value_, submitted, "queued", 0, 0, 0)  # job_update's _SET fields (it has no _UNSET one)
-        self._accepted.append((job_id, seq, blob(raw), submitted, *fields, None, submit_id))
+        self._accepted.append((job_id, seq, blob(raw), submitted, *fields, None, None, submit_id))
 
     def job_update(self, job: JobRecord, *, placed: bool = False) -> None:
         """The job's row as it is now: state (and, once final, exit code, message and Delivered), phase,
@@ -153,6 +171,9 @@ class Batch:
         meta = blob(job.metadata) if job.metadata and job.state.final else None  # (a dict: packed as it is)
         run = job.run
         ranks = _pack_ranks(run.ranks) if placed else None
+        # Its processes' orders while it has any, for a restarted daemon (an ended job's are of no use).
+        processes = run.processes
+        orders = _orders(processes) if processes and not job.state.final else None
         fields = (
             job.state._value_,  # (Enum's .value is a Python-level descriptor: this is its plain attribute)
             job.state_time,
@@ -171,15 +192,18 @@ class Batch:
         if at is not None:
             row = self._accepted[at]
             if not placed:
-                ranks = row[-2]
+                ranks = row[-3]
             changing = _SET(fields) if _UNSET(fields) == _NONE else fields
-            self._accepted[at] = (*row[:_CHANGING], *changing, ranks, row[-1])
+            self._accepted[at] = (*row[:_CHANGING], *changing, ranks, orders, row[-1])
         elif _UNSET(fields) == _NONE:
-            self._updates.append((*_SET(fields), ranks, job.id))
+            self._updates.append((*_SET(fields), orders, ranks, job.id))
         elif ranks is None and fields[3] is None and fields[8] is None:  # no message, cancel reason, placement
-            self._updates.append((*fields[:3], *fields[4:8], *fields[9:], job.id))
+            if orders is None:
+                self._updates.append((*fields[:3], *fields[4:8], *fields[9:], job.id))
+            else:
+                self._updates.append((*fields[:3], *fields[4:8], *fields[9:], orders, job.id))
         else:
-            self._updates.append((*fields, ranks, job.id))
+            self._updates.append((*fields, orders, ranks, job.id))
 
     def job_requeued(self, job_id: str) -> None:
         """The job goes back to the queue for another attempt: its placement, processes and results so
@@ -187,10 +211,10 @@ class Batch:
         at = self._accepted_at.get(job_id)
         if at is not None:
             row = self._accepted[at]
-            self._accepted[at] = (*row[:-2], None, row[-1])
+            self._accepted[at] = (*row[:-3], None, *row[-2:])
         # What the batch holds of it so far is dropped when it is written (_prune): a look at the whole
         # batch per requeued job would cost O(batch) each, and a flush may requeue thousands.
-        self._forgot[job_id] = (len(self._updates), len(self._envs), len(self._dispatched), len(self._results))
+        self._forgot[job_id] = (len(self._updates), len(self._envs), len(self._results))
         self._requeued.append((job_id,))
 
     def _prune(self) -> None:
@@ -201,12 +225,13 @@ class Batch:
         if not forgot:
             return
         self._updates = [
-            (*t[:-2], None, t[-1]) if (m := forgot.get(t[-1])) is not None and i < m[0] and len(t) != _PLAIN_ROW else t
+            (*t[:-2], None, t[-1])
+            if (m := forgot.get(t[-1])) is not None and i < m[0] and len(t) not in (_PLAIN_ROW, _ENDED_ROW)
+            else t
             for i, t in enumerate(self._updates)
         ]
         self._envs = [t for i, t in enumerate(self._envs) if (m := forgot.get(t[-1])) is None or i >= m[1]]
-        self._dispatched = [t for i, t in enumerate(self._dispatched) if (m := forgot.get(t[0])) is None or i >= m[2]]
-        self._results = [t for i, t in enumerate(self._results) if (m := forgot.get(t[0])) is None or i >= m[3]]
+        self._results = [t for i, t in enumerate(self._results) if (m := forgot.get(t[0])) is None or i >= m[2]]
         forgot.clear()
 
     def node_registered(self, node: NodeConfigured) -> None:
@@ -225,7 +250,7 @@ class Batch:
         wire = plan.order.to_wire() if order_wire is None else order_wire
         packed = pack(wire)
         self._packed_orders[id(wire)] = (wire, packed)
-        self._dispatched.append((job_id, plan.order.slot, plan.node, bytearray(packed), blob(plan.holds)))
+        plan.packed = packed  # (journaled with its job's row: job_update)
 
     def packed_order(self, wire: Mapping[str, Any]) -> bytes | None:
         """The msgpack bytes of an order this batch journals, when ``wire`` is that very order's wire form
@@ -276,7 +301,6 @@ class Batch:
     def write(self, db: sqlite3.Connection) -> None:
         self._prune()
         if self._requeued:  # first: the new attempt's records below must survive
-            db.executemany("DELETE FROM processes WHERE job_id = ?", self._requeued)
             db.executemany("DELETE FROM results WHERE job_id = ?", self._requeued)
             db.executemany(
                 "UPDATE jobs SET ranks = NULL, environment = NULL, unset = NULL WHERE id = ?", self._requeued
@@ -291,8 +315,6 @@ class Batch:
                 db.executemany(_INSERT, [row for row in self._accepted if len(row) != _NEW_ROW])
         if self._envs:
             db.executemany("UPDATE jobs SET environment = ?, unset = ? WHERE id = ?", self._envs)
-        if self._dispatched:
-            db.executemany("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?, ?)", self._dispatched)
         if self._results:
             db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", self._results)
         # One statement per shape of rows. A job updated twice in the batch (kept over several flushes)
@@ -320,7 +342,6 @@ class Batch:
         """How many rows the batch writes (what a daemon whose journal cannot be written holds in memory)."""
         return (
             len(self._accepted)
-            + len(self._dispatched)
             + len(self._results)
             + len(self._envs)
             + len(self._alloc)
@@ -334,7 +355,6 @@ class Batch:
     def empty(self) -> bool:
         return not (
             self._accepted
-            or self._dispatched
             or self._results
             or self._envs
             or self._alloc

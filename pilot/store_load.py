@@ -29,7 +29,9 @@ from pilot.scheduler.placement import RankPlacement
 from pilot.store_batch import unpack
 
 #: The final states as the journal writes them, and SQL that picks the rows in them (or the others).
-_FINAL: Final = tuple(s._value_ for s in JobState if s.final)
+#: The final states, as the jobs table's state column holds them.
+FINAL: Final = tuple(s._value_ for s in JobState if s.final)
+_FINAL = FINAL
 _IN_FINAL: Final = f"state IN ({', '.join('?' * len(_FINAL))})"
 _NOT_FINAL: Final = f"state NOT IN ({', '.join('?' * len(_FINAL))})"
 
@@ -70,7 +72,7 @@ def read(db: sqlite3.Connection, *, ended: bool) -> Recovered:
     """What the journal ``db`` holds; ``ended``: the ended jobs' records too. Raises sqlite3.Error, or
     ValueError (and the like) for a record that cannot be read."""
     out = Recovered()
-    jobs = _jobs(db, ended=ended)
+    jobs, orders = _jobs(db, ended=ended)
     own = "" if ended else f" WHERE job_id IN (SELECT CAST(id AS TEXT) FROM jobs WHERE {_NOT_FINAL})"
     params = () if ended else _FINAL
     for jid, slot, node, role, code, sig, msg, reason, data in db.execute("SELECT * FROM results" + own, params):
@@ -87,12 +89,16 @@ def read(db: sqlite3.Connection, *, ended: bool) -> Recovered:
                     data=unpack(data) if data else {},
                 ),
             )
-    for jid, slot, node, order, holds in db.execute("SELECT * FROM processes" + own, params):
-        owner = jobs.get(jid)
-        if owner is None or owner.final or slot in owner.run.results:
-            continue  # done: only outstanding processes are rebuilt
-        plan = PlannedProcess(node, ProcessOrder.from_wire(unpack(order)), list(unpack(holds)))
-        owner.run.add_process(slot, plan)
+    for jid, packed in orders.items():
+        owner = jobs[jid]
+        if owner.final:
+            continue  # (a row from before its end was written: nothing of it runs on)
+        for slot, node, order, holds in unpack(packed):
+            if slot in owner.run.results:
+                continue  # done: only outstanding processes are rebuilt
+            plan = PlannedProcess(node, ProcessOrder.from_wire(unpack(order)), list(holds))
+            plan.packed = bytes(order)
+            owner.run.add_process(slot, plan)
     for job in jobs.values():
         job.run.taken = _taken(job)
     out.jobs = list(jobs.values())
@@ -116,11 +122,13 @@ def read(db: sqlite3.Connection, *, ended: bool) -> Recovered:
     return out
 
 
-def _jobs(db: sqlite3.Connection, *, ended: bool) -> dict[str, JobRecord]:
+def _jobs(db: sqlite3.Connection, *, ended: bool) -> tuple[dict[str, JobRecord], dict[str, bytes]]:
+    """The jobs, and the packed outstanding orders of those that have them."""
     jobs: dict[str, JobRecord] = {}
+    orders: dict[str, bytes] = {}
     rows = db.execute(
         "SELECT id, description, submitted, state, state_time, exit_code, message, metadata, phase,"
-        " started, ended, cancel_reason, closing, attempt, placements, ranks, environment, unset FROM jobs"
+        " started, ended, cancel_reason, closing, attempt, placements, ranks, environment, unset, orders FROM jobs"
         + ("" if ended else f" WHERE {_NOT_FINAL}")
         + " ORDER BY seq",
         () if ended else _FINAL,
@@ -145,6 +153,7 @@ def _jobs(db: sqlite3.Connection, *, ended: bool) -> dict[str, JobRecord]:
             ranks,
             env,
             un,
+            packed,
         ) = row
         jid = str(jid)
         try:
@@ -173,7 +182,9 @@ def _jobs(db: sqlite3.Connection, *, ended: bool) -> dict[str, JobRecord]:
         run.environment = unpack(env) if env is not None else None
         run.unset = unpack(un) if un is not None else []
         jobs[jid] = job
-    return jobs
+        if packed is not None:
+            orders[jid] = packed
+    return jobs, orders
 
 
 def _leased_ended(db: sqlite3.Connection, leases: Any) -> list[str]:

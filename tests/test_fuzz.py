@@ -1010,12 +1010,14 @@ def _write_journal(path: Path) -> None:
         with store.batch() as tx:
             running = JobRecord(id="1", description=desc, submitted=1.0, state=JobState.ACTIVE, phase=Phase.RANKS)
             running.run.started, running.run.ranks = 2.0, [RankPlacement("n0", [0], [0], 100)]
+            running.run.add_process(0, PlannedProcess("n0", order, [0]))
+            tx.process_dispatched("1", running.run.processes[0])
             tx.job_update(running, placed=True)
-            tx.process_dispatched("1", PlannedProcess("n0", order, [0]))
             pre = JobRecord(id="2", description=desc, submitted=2.0, phase=Phase.PRE_LAUNCH)
             pre.run.started, pre.run.ranks = 3.0, [RankPlacement("n0", [1], [], 0)]
+            pre.run.add_process(PRE, PlannedProcess("n0", ProcessOrder("2", PRE, "pre", "/bin/sh"), []))
+            tx.process_dispatched("2", pre.run.processes[PRE])
             tx.job_update(pre, placed=True)
-            tx.process_dispatched("2", PlannedProcess("n0", ProcessOrder("2", PRE, "pre", "/bin/sh"), []))
             tx.pre_launch_environment("2", {"B": "2"}, ["C"])
             tx.process_result("3", 0, ProcessResult("n0", "rank", exit_code=1, data={"max_rss": 5}))
             failed = JobRecord(id="3", description=desc, submitted=3.0, state=JobState.FAILED, state_time=4.0)
@@ -1083,8 +1085,7 @@ def test_journal_with_damaged_bytes_raises_only_journal_error(journal: Callable[
 
 _COLUMNS = {
     "jobs": ["id", "seq", "description", "submitted", "state", "state_time", "exit_code", "message", "metadata",
-             "phase", "started", "ended", "cancel_reason", "closing", "ranks", "environment", "unset"],
-    "processes": ["job_id", "slot", "node", "order_wire", "holds"],
+             "phase", "started", "ended", "cancel_reason", "closing", "ranks", "environment", "unset", "orders"],
     "results": ["job_id", "slot", "node", "role", "exit_code", "signal", "message", "reason", "data"],
     "allocation": ["lrm", "native_id", "state", "nodes", "submitted", "started", "walltime", "expected_nodes",
                    "hosts", "message"],
@@ -1104,6 +1105,8 @@ _cells = st.one_of(
             raw([[1, 2]]),
             raw({"executable": "/bin/true", "resources": {"node_count": 0}}),
             raw({"job_id": "1", "slot": 0}),
+            raw([[0, "n0", raw({"job_id": "1", "slot": 0}), [0]]]),
+            raw([[0, "n0", b"\xc1", [0]]]),
             raw([{"name": "n"}]),
             b"\x91" * 100_000,
             "Idle",
@@ -1121,7 +1124,8 @@ def _statements(draw: st.DrawFn) -> tuple[str, tuple[Any, ...]]:
         return draw(
             st.sampled_from(
                 [
-                    ("DROP TABLE processes", ()),
+                    ("DROP TABLE results", ()),
+                    ("ALTER TABLE jobs DROP COLUMN orders", ()),
                     ("DROP TABLE allocation", ()),
                     ("ALTER TABLE results DROP COLUMN data", ()),
                     ("DELETE FROM meta", ()),

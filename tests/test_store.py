@@ -24,7 +24,7 @@ from pilot.model.node import NodeConfigured
 from pilot.model.process_order import PRE, ProcessOrder
 from pilot.scheduler.placement import RankPlacement
 from pilot.store import SCHEMA_VERSION, JournalError, Store
-from pilot.store_batch import Batch
+from pilot.store_batch import Batch, pack
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,6 +85,14 @@ def test_round_trip_every_record_kind(tmp_path: Path) -> None:
             tx.job_accepted("3", 3, _desc(3), 12.0)
             tx.allocation(alloc)
         with store.batch() as tx:
+            # A job's outstanding processes are journaled with its row (the daemon's job_update follows
+            # each dispatch); a process with its result is not rebuilt.
+            p1 = {0: PlannedProcess("n0", _order("1", 0), [0]), 1: PlannedProcess("n0", _order("1", 1), [1])}
+            for plan in p1.values():
+                tx.process_dispatched("1", plan)
+            tx.process_result(
+                "1", 0, ProcessResult("n0", "rank", exit_code=0, data={"max_rss": 5, "user_cpu_time": 0.5})
+            )
             tx.job_update(
                 _job(
                     "1",
@@ -95,18 +103,16 @@ def test_round_trip_every_record_kind(tmp_path: Path) -> None:
                     phase="ranks",
                     started=20.0,
                     ranks=ranks,
+                    processes=p1,
                 ),
                 placed=True,
             )
-            tx.process_dispatched("1", PlannedProcess("n0", _order("1", 0), [0]))
-            tx.process_dispatched("1", PlannedProcess("n0", _order("1", 1), [1]))
-            tx.process_result(
-                "1", 0, ProcessResult("n0", "rank", exit_code=0, data={"max_rss": 5, "user_cpu_time": 0.5})
-            )
+            p2 = {PRE: PlannedProcess("n0", _order("2", PRE), [])}
+            tx.process_dispatched("2", p2[PRE])
             tx.job_update(
-                _job("2", _desc(2), 11.0, state_time=11.0, phase="pre", started=21.0, ranks=ranks[:1]), placed=True
+                _job("2", _desc(2), 11.0, state_time=11.0, phase="pre", started=21.0, ranks=ranks[:1], processes=p2),
+                placed=True,
             )
-            tx.process_dispatched("2", PlannedProcess("n0", _order("2", PRE), []))
             tx.pre_launch_environment("2", {"B": "2"}, ["C"])
             meta = {"wall_duration": 1.5, "nodes": ["n0"], "exit_code": 1, "signal": None}
             j3 = _job("3", _desc(3), 12.0, state=JobState.FAILED, state_time=30.0, phase="done", started=1.0, ended=2.5)
@@ -326,10 +332,12 @@ def test_job_accepted_and_changed_in_one_batch(tmp_path: Path) -> None:
             tx.job_accepted("1", 1, _desc(1), 1.0)
             tx.job_accepted("2", 2, _desc(2), 1.0)
             tx.job_accepted("3", 3, _desc(3), 1.0)
-            j1 = _job("1", _desc(1), 1.0, phase="ranks", ranks=ranks)
+            p1 = {0: PlannedProcess("n0", _order("1", 0), [0])}
+            tx.process_dispatched("1", p1[0])
+            j1 = _job("1", _desc(1), 1.0, phase="ranks", ranks=ranks, processes=p1)
             tx.job_update(j1, placed=True)
-            tx.process_dispatched("1", PlannedProcess("n0", _order("1", 0), [0]))
-            tx.job_update(_job("1", _desc(1), 1.0, state=JobState.ACTIVE, state_time=2.0, phase="ranks", started=2.0))
+            started = {"state": JobState.ACTIVE, "state_time": 2.0, "phase": "ranks", "started": 2.0}
+            tx.job_update(_job("1", _desc(1), 1.0, **started, processes=p1))
             j2 = _job("2", _desc(2), 1.0, phase="ranks", ranks=ranks)
             tx.job_update(j2, placed=True)
             tx.job_requeued("2")
@@ -365,18 +373,23 @@ def test_a_requeue_forgets_only_the_attempts_before_it_in_the_batch(tmp_path: Pa
                 tx.job_accepted(str(i), i, _desc(i), 1.0)
         with store.batch() as tx:
             for jid in ("1", "2", "3"):
-                tx.job_update(_job(jid, _desc(int(jid)), 1.0, phase="ranks", ranks=ranks), placed=True)
-                tx.process_dispatched(jid, PlannedProcess("n0", _order(jid, 0), [0]))
+                first = {0: PlannedProcess("n0", _order(jid, 0), [0])}
+                tx.process_dispatched(jid, first[0])
+                tx.job_update(_job(jid, _desc(int(jid)), 1.0, phase="ranks", ranks=ranks, processes=first), placed=True)
                 tx.pre_launch_environment(jid, {"OLD": jid}, [])
             tx.process_result("1", 1, ProcessResult("n0", "rank", exit_code=3))
             tx.job_requeued("1")
-            tx.process_dispatched("1", PlannedProcess("n1", _order("1", 0), [0]))  # right at the requeue
+            again = {0: PlannedProcess("n1", _order("1", 0), [0])}
+            tx.process_dispatched("1", again[0])  # right at the requeue
             tx.job_requeued("2")
             tx.process_result("3", 1, ProcessResult("n0", "rank", exit_code=0))  # another job's, kept
-            tx.job_update(_job("2", _desc(2), 1.0, phase="ranks", ranks=ranks, attempt=1), placed=True)
-            tx.process_dispatched("2", PlannedProcess("n0", _order("2", 0), [0]))
+            second = {0: PlannedProcess("n0", _order("2", 0), [0])}
+            tx.process_dispatched("2", second[0])
+            tx.job_update(
+                _job("2", _desc(2), 1.0, phase="ranks", ranks=ranks, attempt=1, processes=second), placed=True
+            )
             tx.job_requeued("2")
-            tx.job_update(_job("1", _desc(1), 1.0, phase="ranks", ranks=moved, attempt=1), placed=True)
+            tx.job_update(_job("1", _desc(1), 1.0, phase="ranks", ranks=moved, attempt=1, processes=again), placed=True)
             tx.process_result("1", 2, ProcessResult("n1", "rank", exit_code=0))
             tx.job_update(_job("2", _desc(2), 1.0, phase="queued", attempt=2))
         j1, j2, j3 = store.load().jobs
@@ -648,3 +661,42 @@ def test_default_store_checkpoints_by_itself(tmp_path: Path) -> None:
         _fill(store, 1, 1000)
         assert Path(f"{path}-wal").stat().st_size < 5 << 20
         assert path.stat().st_size > 4 << 20
+
+
+def test_a_schema_6_journal_moves_its_outstanding_orders_into_their_jobs(tmp_path: Path) -> None:
+    """Schema 6 kept every dispatched order as a row of a processes table, also after its job ended:
+    opened, the journal holds the unfinished jobs' outstanding orders in their rows (one with a result
+    is not), as sent, and no such table; the ended job keeps none."""
+    path = tmp_path / "j.db"
+    two = [RankPlacement("n0", [0], [], 0), RankPlacement("n0", [1], [], 0)]
+    with Store.open(path) as store:
+        with store.batch() as tx:
+            for i in (1, 2, 3):
+                tx.job_accepted(str(i), i, _desc(i), 1.0)
+        with store.batch() as tx:
+            tx.job_update(_job("1", _desc(1), 1.0, state=JobState.ACTIVE, phase="ranks", ranks=two), placed=True)
+            tx.process_result("1", 0, ProcessResult("n0", "rank", exit_code=0))
+            tx.job_update(_job("3", _desc(3), 1.0, state=JobState.COMPLETED, phase="done", exit_code=0))
+    orders = {(j, s): pack(_order(j, s).to_wire()) for j, s in (("1", 0), ("1", 1), ("3", 0))}
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE processes (job_id TEXT NOT NULL, slot INTEGER NOT NULL, node TEXT NOT NULL, "
+        "order_wire BLOB NOT NULL, holds BLOB NOT NULL, PRIMARY KEY (job_id, slot)) WITHOUT ROWID"
+    )
+    rows = [(j, s, "n0", o, pack([s])) for (j, s), o in orders.items()]
+    db.executemany("INSERT INTO processes VALUES (?, ?, ?, ?, ?)", rows)
+    db.execute("ALTER TABLE jobs DROP COLUMN orders")
+    db.execute("PRAGMA user_version = 6")
+    db.commit()
+    db.close()
+    with Store.open(path) as store:
+        j1, j2, j3 = store.load().jobs
+    assert list(j1.run.processes) == [1] and list(j1.run.results) == [0]
+    plan = j1.run.processes[1]
+    assert (plan.node, plan.order, plan.holds, plan.packed) == ("n0", _order("1", 1), [1], orders[("1", 1)])
+    assert not j2.run.processes and not j3.run.processes
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+    assert not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'processes'").fetchall()
+    assert [r[0] for r in db.execute("SELECT id FROM jobs WHERE orders IS NOT NULL")] == [1]
+    db.close()

@@ -30,12 +30,14 @@ def _journal(path: Path) -> None:
                 tx.job_accepted(str(seq), seq, _desc(seq), float(seq))
             tx.meta(LEASES_META, [[2, 4]])
         with store.batch() as tx:
-            tx.job_update(_job("1", _desc(1), 1.0, state=JobState.ACTIVE, phase="ranks", ranks=RANKS), placed=True)
-            tx.process_dispatched("1", PlannedProcess("n0", _order("1", 0), [0]))
-            tx.process_dispatched("1", PlannedProcess("n0", _order("1", 1), [1]))
+            one = {0: PlannedProcess("n0", _order("1", 0), [0]), 1: PlannedProcess("n0", _order("1", 1), [1])}
+            two = {0: PlannedProcess("n0", _order("2", 0), [0, 1])}
+            for jid, plans in (("1", one), ("2", two)):
+                for plan in plans.values():
+                    tx.process_dispatched(jid, plan)
+                running = {"state": JobState.ACTIVE, "phase": "ranks", "ranks": RANKS, "processes": plans}
+                tx.job_update(_job(jid, _desc(int(jid)), float(jid), **running), placed=True)
             tx.process_result("1", 0, ProcessResult("n0", "rank", exit_code=0))
-            tx.job_update(_job("2", _desc(2), 2.0, state=JobState.ACTIVE, phase="ranks", ranks=RANKS), placed=True)
-            tx.process_dispatched("2", PlannedProcess("n0", _order("2", 0), [0, 1]))
             tx.process_result("2", 0, ProcessResult("n0", "rank", exit_code=0))
         with store.batch() as tx:
             tx.job_update(_job("2", _desc(2), 2.0, state=JobState.COMPLETED, phase="done", exit_code=0))

@@ -116,6 +116,7 @@ class Lifecycle(Part):
             )
             return
         agent.processes.add((plan.order.job_id, plan.order.slot))
+        self.book.changed(job)  # (its row journals its outstanding orders)
         if plan.order.role not in STAGING_ROLES and job.description.streams_output(
             default=self.config.pilot.stream_output
         ):

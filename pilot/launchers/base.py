@@ -55,6 +55,8 @@ class PlannedProcess:
     holds: list[int]
     #: Its process id on the node, once the agent reported it started (SSS Task Process).
     pid: int | None = None
+    #: Its order as sent (msgpack), once dispatched: what the journal keeps of it.
+    packed: bytes | None = None
 
 
 class Launcher(ABC):
