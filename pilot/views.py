@@ -19,7 +19,7 @@ from pilot.core.reactor import Core
 from pilot.formats import write_job, write_nodes
 from pilot.frontends import DOCUMENTS, JOURNAL_EXTRAS, rebuild
 from pilot.jobs import JobRecord
-from pilot.model.job_description import RUN_TAG, DescriptionError, JobDescription
+from pilot.model.job_description import DescriptionError, JobDescription, run_of
 from pilot.model.job_state import JobState
 from pilot.model.sss import JobStatus, NodeObject, TaskStatus, job_with_status, node_object
 from pilot.model.sss.psij import to_sss
@@ -61,7 +61,7 @@ def jobs(
         keys: Collection[str] = [
             k
             for k, j in live.items()
-            if matches(j.state._value_, j.submitted, j.description.name, _run_of(j.description.custom_attributes))
+            if matches(j.state._value_, j.submitted, j.description.name, run_of(j.description.custom_attributes))
         ]
     else:
         keys = live.keys()
@@ -77,8 +77,8 @@ def jobs(
     # Every unfinished job is in memory: the journal is read for ended ones only (not past the deep
     # queue's rows, each of which it would have to read to skip).
     ended = [s for s in _ENDED if not wanted or s in wanted]
+    stored = 0  # the journal's rows taken
     if history is not None and ended:
-        stored = 0
         for raw in history.job_rows(states=ended, since=since, newest_first=limit is not None):
             if raw[0] in live:
                 continue  # memory knows it better
@@ -91,7 +91,7 @@ def jobs(
             chosen.append(row)
             stored += 1
     chosen.sort(key=lambda r: _id_order(r["id"]))
-    total = len(chosen) + matched - min(matched, len(keys))  # (the live ones left out above too)
+    total = matched + stored  # (the live ones cut above count too)
     if limit is None or total <= limit:
         return {"jobs": chosen, "left_out": None if more else 0}
     return {"jobs": chosen[len(chosen) - limit :], "left_out": None if more else total - limit}
@@ -121,7 +121,7 @@ def _live_row(job: JobRecord) -> dict[str, Any]:
     return {
         "id": job.id,
         "name": d.name,
-        "run": _run_of(d.custom_attributes),
+        "run": run_of(d.custom_attributes),
         "state": job.state.value,
         "time": job.state_time,
         "exit_code": job.exit_code,
@@ -154,7 +154,7 @@ def _stored_row(
     return {
         "id": job_id,
         "name": name if isinstance(name, str) else None,
-        "run": _run_of(desc.get("custom_attributes")),
+        "run": run_of(desc.get("custom_attributes")),
         "state": state,
         "time": t,
         "exit_code": code,
@@ -186,11 +186,6 @@ def _asked_memory(resources: Any) -> int:
     per, nodes, ppn = whole("memory_per_process"), whole("node_count"), whole("processes_per_node")
     count = whole("process_count") or (nodes * ppn if nodes and ppn else nodes or ppn or 1)
     return per * count if per else 0
-
-
-def _run_of(custom: Any) -> str | None:
-    run = custom.get(RUN_TAG) if isinstance(custom, dict) else None
-    return run if isinstance(run, str) else None
 
 
 def explain(core: Core, job_id: str) -> dict[str, Any]:

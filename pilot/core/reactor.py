@@ -33,7 +33,7 @@ from pilot.frontends import rebuild
 from pilot.job_ids import CANCELING_META, JobIds, Ranges, canceling_runs
 from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import Launcher
-from pilot.model.job_description import RUN_TAG, DescriptionError
+from pilot.model.job_description import DescriptionError, run_of
 from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
 from pilot.scheduler.cluster import Cluster
@@ -125,7 +125,7 @@ class Core:
             if not job.final
             and job.cancel_reason is None
             and (not wanted or job.state._value_ in wanted)
-            and (run is None or job.description.custom_attributes.get(RUN_TAG) == run)
+            and (run is None or run_of(job.description.custom_attributes) == run)
         ]
         was: dict[str, JobIds] = {}
         book = self.book

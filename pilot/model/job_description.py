@@ -182,6 +182,14 @@ RETRIES: Final = "pilot.retries"
 #: Names the run a job belongs to: what 'pilot run' and 'pilot submit' give their jobs, and what 'pilot jobs
 #: --run', 'pilot cancel --run' and 'pilot resubmit --failed' select by. Free text; the pilot only keeps it.
 RUN_TAG: Final = "pilot.run"
+
+
+def run_of(custom: Any) -> str | None:
+    """The run a job belongs to (its ``pilot.run`` custom attribute), if it is a string."""
+    run = custom.get(RUN_TAG) if isinstance(custom, dict) else None
+    return run if isinstance(run, str) else None
+
+
 DEFAULT_RETRIES: Final = 3
 MAX_RETRIES: Final = 100
 _RES_FIELDS: Final = frozenset(ResourceRequest.__dataclass_fields__)
