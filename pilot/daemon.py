@@ -450,9 +450,16 @@ class Daemon:
                 return {"ranges": core.book.ids.ranges()}
             case ListJobs():  # (a client from before ranges: one string per job)
                 return {"ids": job_ids.expand(core.book.ids.ranges())}
-            case Jobs(states=states, name=name, run=run, since=since, limit=limit, delivered=delivered):
+            case Jobs(states=states, name=name, run=run, since=since, limit=limit, delivered=delivered, latest=latest):
                 return views.jobs(
-                    core, states=states, name=name, run=run, since=since, limit=limit, delivered=delivered
+                    core,
+                    states=states,
+                    name=name,
+                    run=run,
+                    since=since,
+                    limit=limit,
+                    delivered=delivered,
+                    latest=latest,
                 )
             case Status():
                 return self.status()

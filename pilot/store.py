@@ -329,10 +329,16 @@ class Store:
         return found
 
     def job_rows(
-        self, *, states: Sequence[str] = (), since: float | None = None, newest_first: bool = False
+        self,
+        *,
+        states: Sequence[str] = (),
+        since: float | None = None,
+        newest_first: bool = False,
+        by_end: bool = False,
     ) -> Iterator[tuple[Any, ...]]:
         """Job summary rows for 'pilot jobs' and the history, one at a time, in submission order (or
-        newest first), narrowed by state and submit time: (id, description map, state, state_time,
+        newest first; ``by_end``: by the time of their last state instead, an ended job's end), narrowed
+        by state and submit time: (id, description map, state, state_time,
         exit_code, message, metadata, submitted, started, ended). A map or metadata that cannot be read
         comes as {} (the row is still listed). Consume it (or close it) before the next commit."""
         where: list[str] = []
@@ -345,7 +351,9 @@ class Store:
             params.append(since)
         sql = (
             "SELECT id, description, state, state_time, exit_code, message, metadata, submitted, started, ended "
-            "FROM jobs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY seq"
+            "FROM jobs"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + (" ORDER BY state_time" if by_end else " ORDER BY seq")
         ) + (" DESC" if newest_first else "")
         try:
             cursor = self._db.execute(sql, params)

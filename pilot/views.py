@@ -37,13 +37,18 @@ def jobs(
     since: float | None = None,
     limit: int | None = None,
     delivered: bool = False,
+    latest: bool = False,
 ) -> dict[str, Any]:
     """'pilot jobs': one summary row per job that matches every filter given (state, a glob on the
     name, the run, submitted at or after ``since``), in submission order: the jobs in memory, and those
     only the journal holds. With ``limit``, the last ``limit`` rows: the journal is read newest first
     and only until it has given that many (this runs in the daemon's I/O loop); ``left_out`` says how
     many earlier ones match (None: some, not counted). With ``delivered``, each row has its Delivered
-    (empty until the job has ended)."""
+    (empty until the job has ended). With ``latest`` (and ``limit``, of ended jobs only): the last
+    ``limit`` jobs to have ended, in the order they ended (:func:`_latest`)."""
+    if latest:
+        assert limit is not None, "the wire refuses 'latest' without 'limit'"
+        return _latest(core, states=states, name=name, run=run, since=since, limit=limit, delivered=delivered)
     wanted = set(states)
 
     def matches(state: str, submitted: float, job_name: str | None, job_run: str | None) -> bool:
@@ -98,6 +103,63 @@ def jobs(
 
 
 _ENDED = [s.value for s in JobState if s.final]
+
+
+def _latest(
+    core: Core,
+    *,
+    states: Sequence[str],
+    name: str | None,
+    run: str | None,
+    since: float | None,
+    limit: int,
+    delivered: bool,
+) -> dict[str, Any]:
+    """The last ``limit`` jobs to have ended in one of ``states`` (final ones; none given: all), that
+    match the other filters, in the order they ended ('pilot top': the rate and the latest failures).
+    Without other filters, memory holds them (``JobBook.latest_ended``), however deep the queue; else,
+    or when memory cannot tell (they ended before this daemon started), the journal is read by end,
+    newest first."""
+    book = core.book
+    finals = [JobState(s) for s in states] if states else [s for s in JobState if s.final]
+    wanted = {s.value for s in finals}
+    ended = book.latest_ended(finals, limit) if name is None and run is None and since is None else None
+    if ended is not None:
+        shown = [_live_row(j) | ({"delivered": j.metadata} if delivered else {}) for j in ended]
+        return {"jobs": shown, "left_out": sum(book.counts[s] for s in finals) - len(shown)}
+
+    def matches(row: dict[str, Any]) -> bool:
+        return (
+            row["state"] in wanted
+            and (since is None or row["submitted"] >= since)
+            and (name is None or fnmatch.fnmatchcase(row["name"] or "", name))
+            and (run is None or row["run"] == run)
+        )
+
+    # Ended since the last flush: the journal's rows of them may not say so yet.
+    fresh = [j for j in book.unflushed_ends() if j.id in book.jobs]
+    rows: list[dict[str, Any]] = [
+        r for r in (_live_row(j) | ({"delivered": j.metadata} if delivered else {}) for j in fresh) if matches(r)
+    ]
+    seen = {j.id for j in fresh}
+    more = False
+    history = book.history
+    if history is not None:
+        taken = 0
+        for raw in history.job_rows(states=sorted(wanted), since=since, newest_first=True, by_end=True):
+            if raw[0] in seen:
+                continue
+            row = _stored_row(*raw) | ({"delivered": raw[6] or {}} if delivered else {})
+            if not matches(row):
+                continue
+            if taken == limit:
+                more = True
+                break
+            rows.append(row)
+            taken += 1
+    rows.sort(key=lambda r: r["time"])
+    cut = max(0, len(rows) - limit)
+    return {"jobs": rows[cut:], "left_out": None if more else cut}
 
 
 def history_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[dict[str, Any]]:

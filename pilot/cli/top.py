@@ -73,9 +73,12 @@ def snapshot(rundir: Any, *, failures: int) -> dict[str, Any]:
 
     st = request(rundir, wire.Kind.STATUS)
     now = time.time()
-    ended = request(rundir, wire.Kind.JOBS, {"states": _FINAL, "limit": _RECENT}).get("jobs") or []
+    # The latest to end (not the last submitted): the pilot names them from memory, whatever its queue.
+    ended = request(rundir, wire.Kind.JOBS, {"states": _FINAL, "limit": _RECENT, "latest": True}).get("jobs") or []
     failed = (
-        request(rundir, wire.Kind.JOBS, {"states": ["FAILED"], "limit": failures}).get("jobs") or [] if failures else []
+        request(rundir, wire.Kind.JOBS, {"states": ["FAILED"], "limit": failures, "latest": True}).get("jobs") or []
+        if failures
+        else []
     )
     p = st.get("pilot") or {}
     counts: dict[str, int] = {str(k): int(v) for k, v in (st.get("jobs") or {}).items()}

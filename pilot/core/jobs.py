@@ -24,6 +24,9 @@ from pilot.model.job_state import JobState
 from pilot.scheduler.dag import JobGraph, Outcome, Verdict
 from pilot.scheduler.queue import JobQueue
 
+#: How many of the latest ends of each final state the book remembers (:meth:`JobBook.latest_ended`).
+LATEST_ENDS = 512
+
 
 class History(Protocol):
     """What the journal knows of jobs that left memory (ended, or from before a restart): read-only."""
@@ -35,7 +38,12 @@ class History(Protocol):
     def jobs_by_submit_id(self, submit_ids: list[str]) -> dict[str, list[str]]: ...
 
     def job_rows(
-        self, *, states: Sequence[str] = (), since: float | None = None, newest_first: bool = False
+        self,
+        *,
+        states: Sequence[str] = (),
+        since: float | None = None,
+        newest_first: bool = False,
+        by_end: bool = False,
     ) -> Iterator[tuple[Any, ...]]: ...
 
 
@@ -85,6 +93,10 @@ class JobBook:
         #: Jobs that ended since the shell last took them (:meth:`take_ended`) for its log, where it writes
         #: their lines all at once, outside the core.
         self._ended: list[JobRecord] = []
+        #: The latest jobs to end, per final state, oldest first (kept in memory after they leave
+        #: :attr:`jobs`). 'pilot top' asks for them at every refresh; the journal could find them only
+        #: by reading past every queued job's row (a deep queue's jobs are the newest).
+        self.latest: dict[JobState, deque[JobRecord]] = {s: deque(maxlen=LATEST_ENDS) for s in JobState if s.final}
         self._alone: dict[bytes, tuple[bytes]] = {}  # see _followers
 
     # -- the state machine --------------------------------------------------------------------------
@@ -127,6 +139,7 @@ class JobBook:
             job.metadata = metadata or {}
             self._retired.append(job)
             self._ended.append(job)
+            self.latest[state].append(job)
         self._dirty.add(job)
         status = job.status()
         statuses = self.outbox.statuses
@@ -378,6 +391,23 @@ class JobBook:
     def committed(self) -> None:
         self.fresh_by_submit_id.clear()  # the journal has them now
 
+    def latest_ended(self, states: Sequence[JobState], limit: int) -> list[JobRecord] | None:
+        """The last ``limit`` jobs to end in one of the (final) ``states``, the latest last; None when
+        memory cannot tell: some of them ended before this daemon started, or further back than it
+        remembers (:data:`LATEST_ENDS` per state)."""
+        picked: list[JobRecord] = []
+        for state in dict.fromkeys(states):
+            ring = self.latest[state]
+            if len(ring) < limit and len(ring) < self.counts[state]:
+                return None
+            picked += list(ring)[-limit:] if limit else []
+        picked.sort(key=_end_time)
+        return picked[max(0, len(picked) - limit) :]
+
+    def unflushed_ends(self) -> list[JobRecord]:
+        """Jobs that ended since the last flush: the journal's rows of them may not say so yet."""
+        return list(self._retired)
+
     def take_ended(self) -> list[JobRecord]:
         """The jobs that ended since the last take, oldest first (for the 'job ended' log lines)."""
         ended, self._ended = self._ended, []
@@ -389,3 +419,7 @@ class JobBook:
             if job.final and not job.run.processes:
                 self.jobs.pop(job.id, None)
         self._retired.clear()
+
+
+def _end_time(job: JobRecord) -> float:
+    return job.state_time

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final, NamedTuple, Protocol, Self
 
 from pilot.core.leases import MOST as LEASE_MOST
+from pilot.model.job_state import JobState
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder, orders_from_packed
 from pilot.wire.codec import MAX_FRAME_BYTES, Kind, ProtocolError, array_header, field, frame_head, opt_field
@@ -571,6 +572,10 @@ class CancelWhere:
         return cls(field(body, "rid", int), states, run)
 
 
+#: The final states' names (a JOBS request with ``latest`` asks for ended jobs only).
+_FINAL_STATES: Final = frozenset(s.value for s in JobState if s.final)
+
+
 def _states(body: dict[str, Any]) -> tuple[str, ...]:
     states = opt_field(body, "states", list, [])
     if not all(isinstance(s, str) and len(s) <= 64 for s in states) or len(states) > 16:
@@ -648,7 +653,9 @@ class ListJobs:
 class Jobs:
     """Summary rows of the jobs that match every filter given: states, a glob on the name, the run
     (custom attribute ``pilot.run``), submitted at or after ``since``; at most the last ``limit``. With
-    ``delivered``, each row carries its Delivered ('pilot report' draws what was used)."""
+    ``delivered``, each row carries its Delivered ('pilot report' draws what was used). With ``latest``
+    (it needs ``limit``, and ``states`` of final states only, or none): the last ``limit`` jobs to have
+    ended, in the order they ended ('pilot top'), not the last submitted."""
 
     KIND: ClassVar[str] = Kind.JOBS
     rid: int
@@ -658,6 +665,7 @@ class Jobs:
     since: float | None = None
     limit: int | None = None
     delivered: bool = False
+    latest: bool = False
 
     def body(self) -> dict[str, Any]:
         return {
@@ -668,6 +676,7 @@ class Jobs:
             "since": self.since,
             "limit": self.limit,
             "delivered": self.delivered,
+            "latest": self.latest,
         }
 
     @classmethod
@@ -677,6 +686,12 @@ class Jobs:
         limit = opt_field(body, "limit", int)
         if limit is not None and limit < 0:
             raise ProtocolError("field 'limit' must not be negative")
+        latest = opt_field(body, "latest", bool, False)
+        if latest and (limit is None or not all(s in _FINAL_STATES for s in states)):
+            raise ProtocolError(
+                "field 'latest' asks for the last jobs to have ended: give it a 'limit', and 'states' of "
+                f"final states only ({', '.join(sorted(_FINAL_STATES))}) or none"
+            )
         return cls(
             field(body, "rid", int),
             states,
@@ -685,6 +700,7 @@ class Jobs:
             None if since is None else float(since),
             limit,
             opt_field(body, "delivered", bool, False),
+            latest,
         )
 
 

@@ -189,3 +189,73 @@ def test_a_pilot_stopping_ends_the_jobs_a_mass_cancel_left_at_once(
     assert not env.core.book.canceling and env.core.settled()
     env.step()
     assert all(_state(env, i) is JobState.CANCELED for i in ids)
+
+
+def _ended_out_of_order(tmp_path: Path) -> tuple[CoreEnv, Path, list[str]]:
+    """6 jobs on 6 cores and 30 queued behind them (no backlog): the 6 end in the order 4, 1, 6, 2, 5,
+    3 (job 3 FAILED), a second apart, each in a step of its own; returns the ids in the order they ended."""
+    path = tmp_path / "journal.db"
+    env = CoreEnv(cores=6, store=Store.open(path), pilot={"backlog": 0})
+    env.register("n0")
+    ids = env.submit(*(true(name=f"j{i}") for i in range(36)))
+    env.step()
+    for job_id in ids[:6]:
+        env.started("n0", job_id)
+    env.step()
+    order = [ids[i] for i in (3, 0, 5, 1, 4, 2)]
+    for job_id in order:
+        env.advance(1.0)
+        env.exited("n0", job_id, code=1 if job_id == ids[2] else 0)
+        env.step()
+    return env, path, order
+
+
+def test_latest_names_the_last_jobs_to_end_in_the_order_they_ended_whatever_the_queue(tmp_path: Path) -> None:
+    """'pilot top' asks for the latest ends: by end, not by id (the last submitted of the ended jobs),
+    from memory without reading past the queued jobs' rows, and from the journal alone once a restart
+    has left memory without them -- the same answer either way."""
+    env, path, order = _ended_out_of_order(tmp_path)
+    core = env.core
+    assert env.core.book.counts[JobState.QUEUED] >= 24  # queued behind them, the newest ids
+
+    def latest(core: Core, **kw: Any) -> dict[str, Any]:
+        return views.jobs(core, latest=True, **kw)
+
+    got = latest(core, states=("COMPLETED", "FAILED", "CANCELED"), limit=4)
+    assert [r["id"] for r in got["jobs"]] == order[-4:]
+    assert got["left_out"] == 2
+    assert [r["id"] for r in views.jobs(core, states=("COMPLETED", "FAILED"), limit=4)["jobs"]] == ["3", "4", "5", "6"]
+    assert [r["id"] for r in latest(core, limit=10)["jobs"]] == order  # (no states: every final one)
+    failed = latest(core, states=("FAILED",), limit=5)
+    assert [(r["id"], r["state"], r["exit_code"]) for r in failed["jobs"]] == [(order[-1], "FAILED", 1)]
+    assert failed["left_out"] == 0
+    assert latest(core, states=("CANCELED",), limit=5) == {"jobs": [], "left_out": 0}
+    assert [r["id"] for r in latest(core, states=("COMPLETED",), limit=2, name="j*")["jobs"]] == order[-3:-1]
+    # A job that ended in this very step (its row not committed yet) is among them.
+    env.advance(1.0)
+    for job_id in ("7", "8"):
+        env.started("n0", job_id)
+    env.exited("n0", "8")
+    assert [r["id"] for r in latest(core, limit=2)["jobs"]] == [order[-1], "8"]
+    assert [r["id"] for r in latest(core, limit=2, name="j*")["jobs"]] == [order[-1], "8"]  # (the journal's way)
+    env.step()
+
+    again = env.restarted(path)  # memory of ends is gone: the journal answers, by end
+    assert again.core.book.latest_ended([JobState.COMPLETED], 3) is None
+    after = latest(again.core, states=("COMPLETED", "FAILED"), limit=3)
+    assert [r["id"] for r in after["jobs"]] == [order[-2], order[-1], "8"]
+    assert after["left_out"] is None  # (earlier ones exist: the journal is not read to count them)
+
+
+def test_latest_asks_for_ended_jobs_and_a_limit(tmp_path: Path) -> None:
+    from pilot.wire import ProtocolError
+    from pilot.wire.messages import Jobs
+
+    assert Jobs.from_body({"rid": 1, "states": ["FAILED"], "limit": 5, "latest": True}).latest
+    for body in (
+        {"rid": 1, "states": ["FAILED"], "latest": True},
+        {"rid": 1, "states": ["QUEUED", "FAILED"], "limit": 5, "latest": True},
+        {"rid": 1, "limit": 5, "latest": 1},
+    ):
+        with pytest.raises(ProtocolError):
+            Jobs.from_body(body)
