@@ -572,10 +572,6 @@ class CancelWhere:
         return cls(field(body, "rid", int), states, run)
 
 
-#: The final states' names (a JOBS request with ``latest`` asks for ended jobs only).
-_FINAL_STATES: Final = frozenset(s.value for s in JobState if s.final)
-
-
 def _states(body: dict[str, Any]) -> tuple[str, ...]:
     states = opt_field(body, "states", list, [])
     if not all(isinstance(s, str) and len(s) <= 64 for s in states) or len(states) > 16:
@@ -653,9 +649,8 @@ class ListJobs:
 class Jobs:
     """Summary rows of the jobs that match every filter given: states, a glob on the name, the run
     (custom attribute ``pilot.run``), submitted at or after ``since``; at most the last ``limit``. With
-    ``delivered``, each row carries its Delivered ('pilot report' draws what was used). With ``latest``
-    (it needs ``limit``, and ``states`` of final states only, or none): the last ``limit`` jobs to have
-    ended, in the order they ended ('pilot top'), not the last submitted."""
+    ``delivered``, each row carries its Delivered ('pilot report'). With ``latest`` (and ``limit``, and
+    final ``states`` or none): the last ``limit`` jobs to end, in the order they ended ('pilot top')."""
 
     KIND: ClassVar[str] = Kind.JOBS
     rid: int
@@ -687,10 +682,11 @@ class Jobs:
         if limit is not None and limit < 0:
             raise ProtocolError("field 'limit' must not be negative")
         latest = opt_field(body, "latest", bool, False)
-        if latest and (limit is None or not all(s in _FINAL_STATES for s in states)):
+        finals = sorted(s.value for s in JobState if s.final)  # (ended jobs only: the latest to end)
+        if latest and (limit is None or not all(s in finals for s in states)):
             raise ProtocolError(
                 "field 'latest' asks for the last jobs to have ended: give it a 'limit', and 'states' of "
-                f"final states only ({', '.join(sorted(_FINAL_STATES))}) or none"
+                f"final states only ({', '.join(finals)}) or none"
             )
         return cls(
             field(body, "rid", int),
