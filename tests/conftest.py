@@ -115,9 +115,9 @@ def start_pilot(pilot_home: Path, tmp_path: Path) -> Iterator[Callable[..., Pilo
             text=True,
             timeout=60,
         )
-        assert proc.returncode == 0, f"pilot up failed: {proc.stdout}\n{proc.stderr}"
         p = Pilot(rundir=rundir, config=cfg, env=env)
-        started.append(p)
+        started.append(p)  # (first: a daemon that came up while 'pilot up' failed is stopped too)
+        assert proc.returncode == 0, f"pilot up failed: {proc.stdout}\n{proc.stderr}"
         return p
 
     yield start
