@@ -247,7 +247,7 @@ def test_latest_names_the_last_jobs_to_end_in_the_order_they_ended_whatever_the_
     assert after["left_out"] is None  # (earlier ones exist: the journal is not read to count them)
 
 
-def test_latest_asks_for_ended_jobs_and_a_limit(tmp_path: Path) -> None:
+def test_latest_asks_for_ended_jobs_and_a_limit() -> None:
     from pilot.wire import ProtocolError
     from pilot.wire.messages import Jobs
 
