@@ -40,8 +40,8 @@ from typing import Any, Final
 import msgpack
 
 from pilot.journal_check import wal_damage
+from pilot.model.job_state import FINAL_NAMES as _FINAL
 from pilot.store_batch import Batch, pack_orders, unpack
-from pilot.store_load import FINAL as _FINAL
 from pilot.store_load import Recovered, read
 
 JOURNAL_FILE: Final = "journal.db"

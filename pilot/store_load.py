@@ -22,16 +22,14 @@ from pilot.jobs import JobRecord, ProcessResult
 from pilot.launchers.base import PlannedProcess
 from pilot.lrm.base import Allocation, AllocationState
 from pilot.model.job_description import JobDescription
-from pilot.model.job_state import JobState
+from pilot.model.job_state import FINAL_NAMES, JobState
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
 from pilot.scheduler.placement import RankPlacement
 from pilot.store_batch import unpack
 
 #: The final states as the journal writes them, and SQL that picks the rows in them (or the others).
-#: The final states, as the jobs table's state column holds them.
-FINAL: Final = tuple(s._value_ for s in JobState if s.final)
-_FINAL = FINAL
+_FINAL: Final = FINAL_NAMES
 _IN_FINAL: Final = f"state IN ({', '.join('?' * len(_FINAL))})"
 _NOT_FINAL: Final = f"state NOT IN ({', '.join('?' * len(_FINAL))})"
 

@@ -20,7 +20,7 @@ from pilot.formats import write_job, write_nodes
 from pilot.frontends import DOCUMENTS, JOURNAL_EXTRAS, rebuild
 from pilot.jobs import JobRecord
 from pilot.model.job_description import DescriptionError, JobDescription, run_of
-from pilot.model.job_state import JobState
+from pilot.model.job_state import FINAL_NAMES, FINAL_STATES, JobState
 from pilot.model.sss import JobStatus, NodeObject, TaskStatus, job_with_status, node_object
 from pilot.model.sss.psij import to_sss
 from pilot.scheduler.dag import Verdict
@@ -81,7 +81,7 @@ def jobs(
     more = False
     # Every unfinished job is in memory: the journal is read for ended ones only (not past the deep
     # queue's rows, each of which it would have to read to skip).
-    ended = [s for s in _ENDED if not wanted or s in wanted]
+    ended = [s for s in FINAL_NAMES if not wanted or s in wanted]
     stored = 0  # the journal's rows taken
     if history is not None and ended:
         for raw in history.job_rows(states=ended, since=since, newest_first=limit is not None):
@@ -102,9 +102,6 @@ def jobs(
     return {"jobs": chosen[len(chosen) - limit :], "left_out": None if more else total - limit}
 
 
-_ENDED = [s.value for s in JobState if s.final]
-
-
 def _latest(
     core: Core,
     *,
@@ -121,7 +118,7 @@ def _latest(
     or when memory cannot tell (they ended before this daemon started), the journal is read by end,
     newest first."""
     book = core.book
-    finals = [JobState(s) for s in states] if states else [s for s in JobState if s.final]
+    finals = [JobState(s) for s in states] if states else list(FINAL_STATES)
     wanted = {s.value for s in finals}
     ended = book.latest_ended(finals, limit) if name is None and run is None and since is None else None
     if ended is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pilot.cli.common import add_target, clock, fail, local, positive_int, print_json, request, rundir_of, table
-from pilot.model.job_state import JobState
+from pilot.model.job_state import FINAL_NAMES, JobState
 
 _STATES = [s.value for s in JobState]
 _SPAN = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])", re.ASCII)
@@ -188,7 +188,7 @@ def cancel_cmd(args: argparse.Namespace) -> None:
 
     if not (args.ids or args.state or args.run):
         fail("name the jobs: IDs, --state STATE or --run RUN ('pilot jobs' lists them)", code=2)
-    ended = {s.value for s in JobState if s.final}
+    ended = set(FINAL_NAMES)
     if args.state and set(args.state) <= ended:
         fail(f"--state {','.join(args.state)}: those jobs have ended; nothing to cancel", code=2)
     rundir = rundir_of(args)

@@ -13,12 +13,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pilot.cli.common import add_target, dur, duration_arg, gib, non_negative_int, print_json, request, rundir_of
-from pilot.model.job_state import JobState
+from pilot.model.job_state import FINAL_NAMES
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-_FINAL = [s.value for s in JobState if s.final]
+_FINAL = list(FINAL_NAMES)
 #: Tasks/s is what ended over the last minute (or since the pilot started, if later).
 _WINDOW = 60.0
 #: How many of the latest ended jobs a frame asks for to count the rate (beyond it: their own span).

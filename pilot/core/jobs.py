@@ -20,7 +20,7 @@ from pilot.core.phase import NEXT, IllegalMove, Phase
 from pilot.job_ids import CANCELING_META, JOURNALED_RUNS_MOST, JobIds
 from pilot.job_ids import META as IDS_META
 from pilot.jobs import JobRecord, ProcessResult
-from pilot.model.job_state import JobState
+from pilot.model.job_state import FINAL_STATES, JobState
 from pilot.scheduler.dag import JobGraph, Outcome, Verdict
 from pilot.scheduler.queue import JobQueue
 
@@ -96,7 +96,7 @@ class JobBook:
         #: The latest jobs to end, per final state, oldest first (kept in memory after they leave
         #: :attr:`jobs`). 'pilot top' asks for them at every refresh; the journal could find them only
         #: by reading past every queued job's row (a deep queue's jobs are the newest).
-        self.latest: dict[JobState, deque[JobRecord]] = {s: deque(maxlen=LATEST_ENDS) for s in JobState if s.final}
+        self.latest: dict[JobState, deque[JobRecord]] = {s: deque(maxlen=LATEST_ENDS) for s in FINAL_STATES}
         self._alone: dict[bytes, tuple[bytes]] = {}  # see _followers
 
     # -- the state machine --------------------------------------------------------------------------

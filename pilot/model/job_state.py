@@ -61,6 +61,9 @@ class JobState(Enum):
 
 #: The states to synthesise, in order, when a job jumps from one state to a later one.
 PATH: tuple[JobState, ...] = (JobState.NEW, JobState.QUEUED, JobState.ACTIVE)
+#: The final states, and their names as the wire and the journal write them.
+FINAL_STATES: Final = tuple(s for s in JobState if s.final)
+FINAL_NAMES: Final = tuple(s.value for s in FINAL_STATES)
 
 
 def states_between(old: JobState, new: JobState) -> list[JobState]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final, NamedTuple, Protocol, Self
 
 from pilot.core.leases import MOST as LEASE_MOST
-from pilot.model.job_state import JobState
+from pilot.model.job_state import FINAL_NAMES
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder, orders_from_packed
 from pilot.wire.codec import MAX_FRAME_BYTES, Kind, ProtocolError, array_header, field, frame_head, opt_field
@@ -682,11 +682,10 @@ class Jobs:
         if limit is not None and limit < 0:
             raise ProtocolError("field 'limit' must not be negative")
         latest = opt_field(body, "latest", bool, False)
-        finals = sorted(s.value for s in JobState if s.final)  # (ended jobs only: the latest to end)
-        if latest and (limit is None or not all(s in finals for s in states)):
+        if latest and (limit is None or not all(s in FINAL_NAMES for s in states)):
             raise ProtocolError(
                 "field 'latest' asks for the last jobs to have ended: give it a 'limit', and 'states' of "
-                f"final states only ({', '.join(finals)}) or none"
+                f"final states only ({', '.join(FINAL_NAMES)}) or none"
             )
         return cls(
             field(body, "rid", int),
