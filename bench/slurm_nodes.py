@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Final
-
-import client as psij
 
 #: The shared kit's start script (beside the checkout, as the tests find it: tests/slurm_fixture.py).
 START: Final = Path(__file__).resolve().parents[2] / "shared" / "slurm" / "start-slurm.sh"
@@ -42,15 +39,3 @@ def slurm_config(nodes: int) -> str:
         f'[allocation]\nlrm = "slurm"\nnodes = {nodes}\nwalltime = "30m"\npartition = "debug"\n'
         "poll_interval = 1\nexclusive = true\n"
     )
-
-
-def wait_agents(ex: psij.JobExecutor, nodes: int, timeout: float) -> float:
-    """Seconds until every node's agent is active (TimeoutError beyond ``timeout``)."""
-    t0 = time.perf_counter()
-    while True:
-        st = ex.pilot_status()
-        if len(st["nodes"]) == nodes and all(x["agent"] == "active" for x in st["nodes"]):
-            return time.perf_counter() - t0
-        if time.perf_counter() - t0 > timeout:
-            raise TimeoutError(f"{len(st['nodes'])} of {nodes} Slurm agents active after {timeout:.0f} s")
-        time.sleep(0.2)

@@ -30,7 +30,7 @@ from typing import Any
 
 import client as psij
 from bench import relay_floor
-from bench.throughput import APIS, embedded_daemon, executor_for, pilot_rate, raw_spawn_rate
+from bench.throughput import APIS, embedded_daemon, executor_for, pilot_rate, raw_spawn_rate, wait_agents
 
 med = statistics.median
 
@@ -65,8 +65,9 @@ class Sizes:
 
 
 @contextmanager
-def pilot(home: Path, name: str, config: str) -> Iterator[psij.JobExecutor]:
-    """An embedded local pilot with ``config`` (TOML text), closed on the way out; warmed by one job."""
+def pilot(home: Path, name: str, config: str, *, nodes: int | None = 1) -> Iterator[psij.JobExecutor]:
+    """An embedded local pilot with ``config`` (TOML text), closed on the way out; warmed by one job, and
+    yielded once the agents of all its ``nodes`` are active (None: the caller waits for them itself)."""
     cfg = home / f"{name}.toml"
     cfg.write_text(config)
     os.environ["PILOT_CONFIG"] = str(cfg)
@@ -75,6 +76,8 @@ def pilot(home: Path, name: str, config: str) -> Iterator[psij.JobExecutor]:
         warm = psij.Job(psij.JobSpec(executable="/bin/true"))
         ex.submit(warm)
         warm.wait(timeout=60)
+        if nodes is not None:
+            wait_agents(ex, nodes, timeout=120)
         yield ex
     finally:
         ex.close()
@@ -541,7 +544,7 @@ def w_multinode(home: Path, s: Sizes) -> Row:
     for _ in range(s.repeat):
         with pilot(home, "node1", local_config()) as ex:
             one.append(pilot_rate(ex, n, timeout=max(120.0, n / 50))[0])
-        with pilot(home, "node4", cfg4) as ex:
+        with pilot(home, "node4", cfg4, nodes=4) as ex:
             four.append(pilot_rate(ex, n, timeout=max(120.0, n / 50))[0])
     f, o = med(four), med(one)
     return Row(
@@ -661,7 +664,7 @@ def w_scale(home: Path, s: Sizes) -> list[Row]:
 
 def w_slurm(home: Path, s: Sizes) -> Row:
     """Issue 24's real batch system row: /bin/true on 16 emulated Slurm nodes vs the local 1-node pilot."""
-    from bench.slurm_nodes import slurm_config, start_cluster, wait_agents
+    from bench.slurm_nodes import slurm_config, start_cluster
 
     nodes, n = s.pick(4, 16), s.pick(500, 2000)
     local: list[float] = []
@@ -674,7 +677,7 @@ def w_slurm(home: Path, s: Sizes) -> Row:
                 rate, failed = pilot_rate(ex, n, timeout=max(120.0, n / 50))
                 local.append(rate)
                 failures += failed
-            with pilot(home, f"slurm{nodes}", slurm_config(nodes)) as ex:
+            with pilot(home, f"slurm{nodes}", slurm_config(nodes), nodes=None) as ex:
                 up = wait_agents(ex, nodes, timeout=120)
                 rate, failed = pilot_rate(ex, n, timeout=max(120.0, n / 50))
                 slurm.append(rate)
