@@ -24,32 +24,16 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import client as psij
 from bench import relay_floor
+from bench.report import Row, python_gauge, table
 from bench.throughput import APIS, embedded_daemon, executor_for, pilot_rate, raw_spawn_rate, wait_agents
 
 med = statistics.median
-
-
-@dataclass
-class Row:
-    name: str
-    workload: str
-    figure: float | None = None
-    unit: str = ""
-    baseline: float | None = None
-    baseline_unit: str = ""
-    ratio: float | None = None
-    target: str = ""
-    met: bool | None = None
-    notes: str = ""
-    raw: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -717,42 +701,6 @@ WORKLOADS: dict[str, Callable[[Path, Sizes], Row | list[Row]]] = {
 }
 
 
-# -- output ---------------------------------------------------------------------------------------------------
-
-
-def _num(x: float | None) -> str:
-    if x is None:
-        return "-"
-    if abs(x) >= 100:
-        return f"{x:,.0f}"
-    if abs(x) >= 10:
-        return f"{x:.1f}"
-    return f"{x:.2f}"
-
-
-def table(rows: list[Row]) -> str:
-    head = ["workload", "figure", "in-run baseline", "ratio", "target", "met"]
-    body = []
-    for r in rows:
-        if r.error:
-            body.append([f"{r.name}: {r.workload}", "error", "-", "-", r.target or "-", "-"])
-            continue
-        body.append(
-            [
-                f"{r.name}: {r.workload}",
-                f"{_num(r.figure)} {r.unit}",
-                f"{_num(r.baseline)} {r.baseline_unit}",
-                f"{r.ratio:.2f}" if r.ratio is not None else "-",
-                r.target,
-                {True: "yes", False: "no", None: "-"}[r.met],
-            ]
-        )
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(b) + " |" for b in body]
-    notes = [f"- {r.name}: {r.error or r.notes} ({r.seconds:.0f} s)" for r in rows]
-    return "\n".join([*lines, "", *notes])
-
-
 def main(argv: list[str] | None = None) -> list[Row]:
     ap = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -768,6 +716,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
         ap.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
     sizes = Sizes(args.quick, args.repeat or (1 if args.quick else 3))
     rows: list[Row] = []
+    gauge = [python_gauge()]
     with tempfile.TemporaryDirectory(prefix="pilot-bench-") as tmp:
         home = Path(tmp)
         os.environ["PILOT_HOME"] = str(home)
@@ -782,9 +731,11 @@ def main(argv: list[str] | None = None) -> list[Row]:
             for row in made if isinstance(made, list) else [made]:
                 row.seconds = time.perf_counter() - t0
                 rows.append(row)
+    gauge.append(python_gauge())
     print(
         f"\nbench {'--quick ' if args.quick else ''}{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cpus, "
-        f"Python {sys.version.split()[0]}, medians of {sizes.repeat} run(s)\n"
+        f"Python {sys.version.split()[0]}, medians of {sizes.repeat} run(s); Python gauge "
+        f"{gauge[0]:.0f} ms at the start, {gauge[1]:.0f} at the end (bench.report.python_gauge)\n"
     )
     print(table(rows))
     if args.json:
@@ -793,6 +744,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
             "machine": f"{os.cpu_count()} cpus, {sys.platform}, Python {sys.version.split()[0]}",
             "quick": args.quick,
             "repeat": sizes.repeat,
+            "python_gauge_ms": gauge,
             "rows": [asdict(r) for r in rows],
         }
         args.json.write_text(json.dumps(doc, indent=2))
