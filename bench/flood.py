@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     args = ap.parse_args(argv)
 
     import client as psij
+    from bench.throughput import warm_up
 
     with tempfile.TemporaryDirectory(prefix="pilot-flood-") as home:
         os.environ["PILOT_HOME"] = home
@@ -48,9 +49,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         cfg.write_text(f'[pilot]\nmax_queued = {args.max_queued}\n[allocation]\nlrm = "local"\nnodes = 1\n')
         os.environ["PILOT_CONFIG"] = str(cfg)
         with psij.JobExecutor.get_instance("pilot") as ex:
-            warm = psij.Job(psij.JobSpec(executable="/bin/true"))
-            ex.submit(warm)
-            warm.wait(timeout=60)
+            warm_up(ex, None)
             daemon = psutil.Process(int(ex.pilot_status()["pilot"]["pid"]))
             time.sleep(1.0)
             idle = daemon.memory_info().rss

@@ -42,7 +42,7 @@ def null_run(
     import psutil
 
     import client as psij
-    from bench.throughput import embedded_daemon
+    from bench.throughput import embedded_daemon, warm_up
 
     cfg = home / f"null-{nodes}.toml"
     cfg.write_text(null_config(nodes=nodes, cores=cores, nodes_per_agent=nodes_per_agent, duration=duration))
@@ -68,9 +68,7 @@ def null_run(
                 sum(sum(a.cpu_times()[:2]) for a in agents),
             )
 
-        warm = psij.Job(psij.JobSpec(executable="/bin/true"))
-        ex.submit(warm)
-        warm.wait(timeout=60)
+        warm_up(ex, None)
         c0 = cpu()
         time.sleep(2.0)
         c1 = cpu()

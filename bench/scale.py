@@ -46,7 +46,7 @@ def scale_run(
 
     import client as psij
     from bench.null_launch import null_config
-    from bench.throughput import embedded_daemon
+    from bench.throughput import embedded_daemon, warm_up
 
     cfg = home / f"scale-{nodes}.toml"
     cfg.write_text(null_config(nodes=nodes, cores=cores, nodes_per_agent=nodes_per_agent, duration=0.0))
@@ -70,9 +70,7 @@ def scale_run(
         def daemon_cpu() -> float:
             return float(sum(daemon.cpu_times()[:2]))
 
-        warm = psij.Job(psij.JobSpec(executable="/bin/true"))
-        ex.submit(warm)
-        warm.wait(timeout=60)
+        warm_up(ex, None)
         time.sleep(1.0)  # the warm job's last messages
         c0, t0 = daemon_cpu(), time.perf_counter()
         time.sleep(idle)

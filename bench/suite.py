@@ -31,7 +31,7 @@ from typing import Any
 import client as psij
 from bench import relay_floor
 from bench.report import Row, python_gauge, table
-from bench.throughput import APIS, embedded_daemon, executor_for, pilot_rate, raw_spawn_rate, wait_agents
+from bench.throughput import APIS, embedded_daemon, executor_for, pilot_rate, raw_spawn_rate, wait_agents, warm_up
 
 med = statistics.median
 
@@ -57,11 +57,7 @@ def pilot(home: Path, name: str, config: str, *, nodes: int | None = 1) -> Itera
     os.environ["PILOT_CONFIG"] = str(cfg)
     ex = psij.JobExecutor.get_instance("pilot")
     try:
-        warm = psij.Job(psij.JobSpec(executable="/bin/true"))
-        ex.submit(warm)
-        warm.wait(timeout=60)
-        if nodes is not None:
-            wait_agents(ex, nodes, timeout=120)
+        warm_up(ex, nodes)
         yield ex
     finally:
         ex.close()

@@ -86,6 +86,18 @@ def wait_agents(ex: Any, nodes: int, timeout: float) -> float:
         time.sleep(0.2)
 
 
+def warm_up(ex: Any, nodes: int | None) -> None:
+    """One ``/bin/true`` job through a fresh pilot (its first job pays for start-up), then, unless
+    ``nodes`` is None, :func:`wait_agents` for all its nodes."""
+    import client as psij
+
+    warm = psij.Job(psij.JobSpec(executable="/bin/true"))
+    ex.submit(warm)
+    warm.wait(timeout=60)
+    if nodes is not None:
+        wait_agents(ex, nodes, timeout=120)
+
+
 def pilot_rate(
     ex: object, n: int, spec: object = None, timeout: float | None = None, *, api: str = "submit_all"
 ) -> tuple[float, int]:
@@ -226,10 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         )
         os.environ["PILOT_CONFIG"] = str(cfg)
         with psij.JobExecutor.get_instance("pilot") as ex:
-            warm = psij.Job(psij.JobSpec(executable="/bin/true"))
-            ex.submit(warm)
-            warm.wait(timeout=60)
-            wait_agents(ex, args.nodes, timeout=120)
+            warm_up(ex, args.nodes)
             exes = {api: executor_for(ex, api) for api in apis}
             meter = CpuMeter(Path(home))
             raw: list[float] = []
