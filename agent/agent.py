@@ -33,6 +33,7 @@ from pilot import wire
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import STAGING_ROLES, ProcessOrder
 from pilot.security import Credentials
+from pilot.thread_names import name_os_thread
 from pilot.wire.curve import secure_client, watch_handshakes
 from pilot.wire.messages import (
     TO_AGENT,
@@ -189,6 +190,7 @@ class Agent:
         halt = False
 
         def run() -> None:
+            name_os_thread("pilot-loop")  # (an anyio worker thread: named for the agent's life in it)
             try:
                 while not halt:
                     with self._turn_lock:

@@ -42,6 +42,7 @@ from agent import forkserver
 from agent.forkserver import SpawnError
 from agent.table import Running
 from pilot.model.process_order import ProcessOrder
+from pilot.thread_names import name_os_thread
 from pilot.wire.messages import ProcessRef, TaskEvent
 
 if TYPE_CHECKING:
@@ -139,6 +140,7 @@ class Chain:
     # -- the chain's thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
+        name_os_thread()
         self._ident = threading.get_ident()
         spawners = self._spawners
         spawner = spawners.spawner(self._cpu, reaps=True)

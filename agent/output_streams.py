@@ -19,6 +19,7 @@ import structlog
 
 from pilot.model.output_stream import SUFFIX, pack
 from pilot.model.process_order import ProcessOrder
+from pilot.thread_names import name_os_thread
 
 log = structlog.get_logger("agent.streams")
 
@@ -38,7 +39,7 @@ class StreamCollector:
         self._out: int | None = None
         self._stopping = False
         self._lost = 0
-        self._thread = threading.Thread(target=self._run, name="streams", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="pilot-streams", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -71,6 +72,7 @@ class StreamCollector:
         self._thread.join(timeout=_STOP_GRACE + 5)
 
     def _run(self) -> None:
+        name_os_thread()
         deadline: float | None = None
         try:
             while True:

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Final
 
 import structlog
 
+from pilot.thread_names import name_os_thread
+
 if TYPE_CHECKING:
     from agent.processes import ProcessEngine
 
@@ -135,6 +137,7 @@ class Reaper:
     # -- the reaper thread ----------------------------------------------------------------------
 
     def _loop(self) -> None:
+        name_os_thread()
         if self._epoll is not None:
             self._reap_by_pidfd(self._epoll)
             return

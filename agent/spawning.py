@@ -48,6 +48,7 @@ from agent.table import Running
 from agent.trees import MARK
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
+from pilot.thread_names import name_os_thread
 from pilot.wire.messages import ProcessRef, TaskEvent
 
 if TYPE_CHECKING:
@@ -250,6 +251,7 @@ class Spawners:
     def _loop(self, queue: SimpleQueue[Item] | None = None, cpu: int | None = None) -> None:
         """Spawn the orders of ``queue`` (default: the general one) in order. With ``cpu``, this thread
         runs on that cpu alone, so what it spawns inherits that pinning without a syscall per order."""
+        name_os_thread()
         spawner = self.spawner(cpu, reaps=cpu in self._own_reaping)
         spawner.helper = self.start_helper()
         try:

@@ -59,6 +59,8 @@ from typing import TYPE_CHECKING, Any, Final
 import psutil
 import structlog
 
+from pilot.thread_names import name_os_thread
+
 if TYPE_CHECKING:
     from agent.processes import ProcessEngine
 
@@ -157,6 +159,7 @@ class Trees:
     # -- the tree thread ------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        name_os_thread()
         requests = self._requests
         while True:
             due = min((t.deadline for t in self._terms.values()), default=math.inf)

@@ -21,6 +21,7 @@ from typing import Final
 import structlog
 
 from client._requests import RequestTable
+from pilot.thread_names import name_os_thread
 from pilot.wire.messages import StatusReport
 
 log = structlog.get_logger("client")
@@ -80,6 +81,7 @@ class Delivery(RequestTable):
         it has read statuses and nobody is delivering, it hands the turn to the other (releasing the
         lock wakes it) and runs the callbacks itself: a status reaches them with no thread hand-off on
         its way, and a slow callback still never stalls the socket."""
+        name_os_thread()
         while True:
             with self._reading:
                 if self._stopped:
