@@ -64,10 +64,16 @@ def pilot(home: Path, name: str, config: str, *, nodes: int | None = 1) -> Itera
 
 
 def local_config(
-    *, nodes: int = 1, cores_per_node: int | None = None, backlog: int | None = None, max_queued: int | None = None
+    *,
+    nodes: int = 1,
+    cores_per_node: int | None = None,
+    backlog: int | None = None,
+    max_queued: int | None = None,
+    agent_transport: str | None = None,
 ) -> str:
     text = "[pilot]\n" + (f"backlog = {backlog}\n" if backlog is not None else "")
     text += f"max_queued = {max_queued}\n" if max_queued is not None else ""
+    text += f'agent_transport = "{agent_transport}"\n' if agent_transport is not None else ""
     text += f'[allocation]\nlrm = "local"\nnodes = {nodes}\n'
     if cores_per_node is not None:
         text += f"cores_per_node = {cores_per_node}\n"
