@@ -6,14 +6,15 @@ process's CPU per task by these names."""
 from __future__ import annotations
 
 import threading
+from typing import Final
 
 from setproctitle import setthreadtitle
 
 #: Bytes the kernel keeps of a thread's name (``TASK_COMM_LEN`` less its NUL); longer names are cut.
-LIMIT = 15
+LIMIT: Final = 15
 
 
 def name_os_thread(name: str | None = None) -> None:
-    """Give the calling thread ``name`` (default: its Python name) as its OS name; cut to ``LIMIT``
-    bytes. Nothing happens where the platform has no thread names."""
+    """Give the calling thread ``name`` (default: its Python name) as its OS name, its first ``LIMIT``
+    characters (the pilot's names are ASCII). Nothing happens where the platform has no thread names."""
     setthreadtitle((threading.current_thread().name if name is None else name)[:LIMIT])
