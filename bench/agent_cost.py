@@ -148,12 +148,13 @@ def _helpers_cpu() -> float:
     """CPU seconds of this process's spawn helpers (all started by the harness's agent)."""
     import psutil
 
+    from bench.throughput import spawn_helpers
+
     total = 0.0
-    for child in psutil.Process().children():
+    for helper in spawn_helpers([psutil.Process()]):
         try:
-            if os.path.basename(child.cmdline()[0]).startswith("forkserver-"):
-                total += sum(child.cpu_times()[:2])
-        except (psutil.Error, IndexError):
+            total += sum(helper.cpu_times()[:2])
+        except psutil.Error:
             continue
     return total
 

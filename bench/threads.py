@@ -9,9 +9,10 @@ from ``/proc/<pid>/task/<tid>/``: its CPU and its time runnable but waiting for 
 and its voluntary and involuntary context switches (``status``). Each figure is per task, summed over
 the threads of one kind of process that share a name (:mod:`pilot.thread_names` names the pilot's
 threads; a trailing number -- a cpu, a worker -- is dropped, so that the chains of 16 agents add up).
-Threads that start and end within a run are not seen; the tasks themselves are not counted (their CPU
-is the agents' and helpers' children's). Voluntary switches count every wait: for input, for a
-wake-up, for the GIL. The runs are printed and the last one's table kept (``--json``: all of them).
+Threads and helpers that start within a run are counted from the next (a spawner and its helper start
+with their cpu's first order: the first run may miss some); the tasks themselves are not counted.
+Voluntary switches count every wait: for input, for a wake-up, for the GIL. The runs are printed and
+the last one's table kept (``--json``: all of them).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import re
 import sys
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -32,28 +33,27 @@ Sample = dict[tuple[str, int, int], tuple[str, list[int]]]
 
 
 def processes() -> list[tuple[str, int]]:
-    """(kind, pid) of this process, the embedded daemon, its agents and the agents' spawn helpers."""
+    """(kind, pid) of this process, the embedded daemon, its agents and their spawn helpers, as they are
+    now (a helper starts with its cpu's first order: read again at each sample)."""
     import psutil
 
-    from bench.throughput import embedded_daemon
+    from bench.throughput import embedded_daemon, pilot_agents, spawn_helpers
 
     daemon = psutil.Process(embedded_daemon()[0])
-    out = [("client", os.getpid()), ("daemon", daemon.pid)]
-    for agent in daemon.children():
-        try:
-            if "agent" not in " ".join(agent.cmdline()):
-                continue
-            out.append(("agent", agent.pid))
-            out += [("helper", c.pid) for c in agent.children() if c.name().startswith("forkserver")]
-        except psutil.Error:
-            continue  # (gone meanwhile)
-    return out
+    agents = pilot_agents(daemon)
+    return [
+        ("client", os.getpid()),
+        ("daemon", daemon.pid),
+        *(("agent", a.pid) for a in agents),
+        *(("helper", h.pid) for h in spawn_helpers(agents)),
+    ]
 
 
-def sample(procs: list[tuple[str, int]]) -> Sample:
-    """Every thread of ``procs`` now: (kind, pid, tid) -> (name, [cpu ns, wait ns, voluntary, involuntary])."""
+def sample() -> Sample:
+    """Every thread of the pilot's processes (:func:`processes`) now: (kind, pid, tid) -> (name, [cpu ns,
+    wait ns, voluntary, involuntary])."""
     out: Sample = {}
-    for kind, pid in procs:
+    for kind, pid in processes():
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
@@ -133,12 +133,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             nodes=args.nodes, cores_per_node=args.cores_per_node, agent_transport=args.agent_transport
         )
         with pilot(Path(home), "threads", config, nodes=args.nodes) as ex:
-            procs = processes()
             for i in range(args.repeat):
-                before = sample(procs)
+                before = sample()
                 rate, failed = pilot_rate(ex, args.tasks, timeout=max(120.0, args.tasks / 50), api=args.api)
-                rows = per_task(before, sample(procs), args.tasks)
-                runs.append({"tasks_per_s": rate, "failed": failed, "threads": rows})
+                after = sample()
+                rows = per_task(before, after, args.tasks)
+                # The processes counted: those seen both before and after the run, by kind.
+                counted = Counter(kind for kind, _ in {(k[0], k[1]) for k in after if k in before})
+                runs.append({"tasks_per_s": rate, "failed": failed, "threads": rows, "processes": dict(counted)})
                 print(f"run {i + 1}: {rate:,.0f} tasks/s, {failed} failed", file=sys.stderr)
     print(render(runs[-1]["threads"]))
     return saved({"runs": runs}, args)

@@ -165,6 +165,40 @@ def embedded_daemon() -> tuple[int, str]:
     return int(info["pid"]), str(rundir.path)
 
 
+def pilot_agents(daemon: Any) -> list[Any]:
+    """The agent processes of ``daemon`` (a psutil process)."""
+    import psutil
+
+    agents = []
+    for child in daemon.children():
+        try:
+            if "agent" in " ".join(child.cmdline()):
+                agents.append(child)
+        except psutil.Error:
+            continue  # (gone meanwhile)
+    return agents
+
+
+def spawn_helpers(agents: list[Any]) -> list[Any]:
+    """The spawn helpers of ``agents`` now (agent.forkserver): each spawner starts its own with its cpu's
+    first order, so a pilot gains some after its warm-up. A chained helper reaps its tasks itself."""
+    import psutil
+
+    helpers = []
+    for agent in agents:
+        try:
+            children = agent.children()
+        except psutil.Error:
+            continue
+        for child in children:
+            try:
+                if os.path.basename(child.cmdline()[0]).startswith("forkserver-"):
+                    helpers.append(child)
+            except (psutil.Error, IndexError):
+                continue
+    return helpers
+
+
 class CpuMeter:
     """CPU seconds (user + system) of this process, the embedded daemon, its agents with their spawn
     helpers, and the tasks (the children that the agents and their helpers reaped: their times): where
@@ -174,25 +208,16 @@ class CpuMeter:
         import psutil
 
         self._daemon = psutil.Process(embedded_daemon()[0])
-        self._agents = [c for c in self._daemon.children() if "agent" in " ".join(c.cmdline())]
+        self._agents = pilot_agents(self._daemon)
 
     def read(self) -> dict[str, float]:
-        import psutil
-
         def cpu(procs: list[Any]) -> float:
             return sum(sum(p.cpu_times()[:2]) for p in procs)
 
         def tasks(procs: list[Any]) -> float:
             return sum(sum(p.cpu_times()[2:4]) for p in procs)
 
-        helpers = []  # (a chained helper reaps its tasks itself: agent.chaining)
-        for agent in self._agents:
-            for child in agent.children():
-                try:
-                    if os.path.basename(child.cmdline()[0]).startswith("forkserver-"):
-                        helpers.append(child)
-                except (psutil.Error, IndexError):
-                    continue
+        helpers = spawn_helpers(self._agents)
         return {
             "client": time.process_time(),
             "daemon": cpu([self._daemon]),
