@@ -54,6 +54,9 @@ class JobBook:
         self.history = history
         self.jobs: dict[str, JobRecord] = {}
         self.counts: Counter[JobState] = Counter()
+        #: How many of :attr:`counts` are of an unfinished state, kept as they change: backpressure
+        #: (``Parking.full``) asks at every submit, where a sum over the states costs ten calls.
+        self._unfinished = 0
         self.queue: JobQueue[JobRecord] = JobQueue(
             category=lambda j: j.category,
             alive=lambda j: j.phase is Phase.QUEUED and j.cancel_reason is None,
@@ -131,6 +134,8 @@ class JobBook:
     ) -> None:
         self.counts[job.state] -= 1
         self.counts[state] += 1
+        if job.state.final is not state.final:
+            self._unfinished += 1 if job.state.final else -1
         job.state = state
         job.state_time = t
         if state.final:
@@ -256,6 +261,7 @@ class JobBook:
             else:
                 made.append(job.id)
         self.counts[JobState.QUEUED] += 1
+        self._unfinished += 1
         self._time(job)
         if job.edges is None and not job.user_hold and not self.early(job):
             self.queue.push(job)
@@ -271,6 +277,8 @@ class JobBook:
     def restore(self, job: JobRecord) -> None:
         """A job the journal held, into memory; a queued one into the queue or, blocked, the blocked set."""
         self.counts[job.state] += 1
+        if not job.state.final:
+            self._unfinished += 1
         self.jobs[job.id] = job
         if job.phase in (Phase.BEHIND, Phase.WITHDRAWING):
             self.behind[job.id] = self.clock.mono  # waits behind a core again from now (reclaim's clock)
@@ -361,7 +369,7 @@ class JobBook:
         return job_id in self.jobs or (self.history is not None and self.history.job_status(job_id) is not None)
 
     def unfinished(self) -> int:
-        return sum(n for state, n in self.counts.items() if not state.final)
+        return self._unfinished
 
     # -- commit and flush ---------------------------------------------------------------------------
 
