@@ -153,26 +153,31 @@ class RunDir:
 
 class AbandonedSubmits:
     """A daemon's reading of :attr:`RunDir.abandoned_file`: the whole file first (what clients gave up on
-    while no daemon, or an earlier one, ran), then the lines added since. A ``stat`` when nothing changed."""
+    while no daemon, or an earlier one, ran), then the lines added since. A ``stat`` when nothing changed;
+    while there is no file (as in most runs), an ``access``, which says so without an exception."""
 
-    __slots__ = ("_inode", "_offset", "path")
+    __slots__ = ("_file", "_inode", "_offset", "path")
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._inode = 0
+        self._file = os.fspath(path)  # (a Path is converted at every call: it is read before each submit)
+        self._inode = 0  # 0: no file at the last look
         self._offset = 0
 
     def read(self) -> list[str]:
         """The complete lines added since the last call (all of them, the first time). Raises OSError."""
+        if not self._inode and not os.access(self._file, os.F_OK):
+            return []
         try:
-            st = os.stat(self.path)
+            st = os.stat(self._file)
         except FileNotFoundError:
+            self._inode = 0
             return []
         if st.st_ino != self._inode:  # a new file (removed by a daemon that stopped cleanly, then made again)
             self._inode, self._offset = st.st_ino, 0
         if st.st_size <= self._offset:
             return []
-        with open(self.path, "rb") as f:
+        with open(self._file, "rb") as f:
             f.seek(self._offset)
             data = f.read(st.st_size - self._offset)
         end = data.rfind(b"\n") + 1  # a line being written is read whole next time
