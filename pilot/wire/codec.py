@@ -146,13 +146,18 @@ def field(body: Mapping[str, Any], name: str, typ: type[Any] | tuple[type[Any], 
     """Required field of the given type (bool is not accepted where int is asked)."""
     if name not in body:
         raise ProtocolError(f"missing field {name!r}")
-    return _check(name, body[name], typ)
+    value = body[name]
+    if type(value) is typ:  # the usual case, at once: exactly the type asked (a bool only where bool is)
+        return value
+    return _check(name, value, typ)
 
 
 def opt_field(body: Mapping[str, Any], name: str, typ: type[Any] | tuple[type[Any], ...], default: Any = None) -> Any:
     value = body.get(name)
     if value is None:
         return default
+    if type(value) is typ:  # (as in field)
+        return value
     return _check(name, value, typ)
 
 
