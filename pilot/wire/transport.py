@@ -20,6 +20,7 @@ from typing import Any, Final
 import anyio
 import anyio.lowlevel
 import zmq
+import zmq.backend
 
 _POLLIN: Final = int(zmq.POLLIN)  # a plain int: ``events & zmq.POLLIN`` goes through enum.Flag, twice the cost
 _EVENTS: Final = int(zmq.EVENTS)
@@ -27,6 +28,10 @@ _EVENTS: Final = int(zmq.EVENTS)
 _NOBLOCK: Final = int(zmq.NOBLOCK)
 _SEND_MORE: Final = int(zmq.SNDMORE | zmq.NOBLOCK)
 _NO_LOCK: Final = nullcontext()
+#: The send under pyzmq's ``Socket.send``, a Python wrapper that only adds draft sockets' routing ids and
+#: groups (never used here): a frame less per part, six per lone job's turn in the daemon. Only for the
+#: plain sockets this module drives (zmq.asyncio's ``send`` is another, returning futures).
+_send: Final = zmq.backend.Socket.send
 
 
 class Waiter:
@@ -235,8 +240,9 @@ def drain(sock: zmq.Socket[Any], limit: int) -> list[list[bytes]]:
 
 
 def send_parts(sock: zmq.Socket[Any], parts: list[bytes]) -> None:
-    """``sock.send_multipart(parts, zmq.NOBLOCK)`` with plain int flags (half the cost). A message is
-    taken whole or not at all: only its first part can meet the high-water mark (zmq.Again)."""
+    """``sock.send_multipart(parts, zmq.NOBLOCK)`` with plain int flags (half the cost), on a plain
+    (not zmq.asyncio) socket. A message is taken whole or not at all: only its first part can meet the
+    high-water mark (zmq.Again)."""
     last = len(parts) - 1
     for i, part in enumerate(parts):
-        sock.send(part, _SEND_MORE if i < last else _NOBLOCK)
+        _send(sock, part, _SEND_MORE if i < last else _NOBLOCK)
