@@ -110,7 +110,7 @@ class Daemon:
         self.resumed = False
         self._stop = anyio.Event()
         self._progress = Progress()
-        self._waiter = Waiter()
+        self._waiter = Waiter(polled=True)
         self._waiter.add(self.endpoints.clients)
         self._waiter.add(self.endpoints.agents)
         self._lock_fd: int | None = None
@@ -367,7 +367,7 @@ class Daemon:
         (also what bench/daemon_cost.py times)."""
         self._clock()
         self._abandoned_read = False  # read again before this turn's first submit (see _handle_client)
-        for frames in drain(self.endpoints.clients, _DRAIN):
+        for frames in drain(self.endpoints.clients, _DRAIN, polled=True):
             self._on_client(frames)
         self._read_agents(self.endpoints.agents)
         self._flush()
@@ -376,7 +376,7 @@ class Daemon:
         """The agents' frames waiting (up to _DRAIN). When that was all of them, every heartbeat sent
         before this turn began has been read: silence is judged up to then (Agents.heard_until)."""
         start = self.core.clock.mono
-        batch = drain(agents, _DRAIN)
+        batch = drain(agents, _DRAIN, polled=True)
         for frames in batch:
             self._on_agent(frames)
         if len(batch) < _DRAIN:

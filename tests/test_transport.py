@@ -20,8 +20,8 @@ from pilot.wire.transport import Waiter, drain
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-def pair(tmp_path: Path) -> Iterator[tuple[zmq.Socket[Any], zmq.Socket[Any], Waiter]]:
+@pytest.fixture(params=[False, True], ids=["getsockopt", "polled"])
+def pair(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[zmq.Socket[Any], zmq.Socket[Any], Waiter]]:
     ctx: zmq.Context[zmq.Socket[Any]] = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     dealer = ctx.socket(zmq.DEALER)
@@ -32,7 +32,7 @@ def pair(tmp_path: Path) -> Iterator[tuple[zmq.Socket[Any], zmq.Socket[Any], Wai
     dealer.send(b"hello")
     assert router.poll(5000)
     assert router.recv_multipart() == [b"d", b"hello"]
-    waiter = Waiter()
+    waiter = Waiter(polled=request.param)
     waiter.add(router)
     try:
         yield router, dealer, waiter
@@ -179,3 +179,19 @@ def test_block_looks_at_the_sockets_only_under_its_lock(
     sleeper.join(20)
     assert woken == [True]
     assert drain(router, 10) == [[b"d", b"frame"]]
+
+
+@pytest.mark.parametrize("polled", [False, True], ids=["getsockopt", "polled"])
+def test_drain_takes_whole_messages_up_to_its_limit(
+    pair: tuple[zmq.Socket[Any], zmq.Socket[Any], Waiter], polled: bool
+) -> None:
+    """Both ways of looking for input (ZMQ_EVENTS through getsockopt, or through zmq_poll) read the same."""
+    router, dealer, _ = pair
+    for i in range(5):
+        dealer.send_multipart([b"part", str(i).encode()])
+    deadline = time.monotonic() + 5
+    got: list[list[bytes]] = []
+    while len(got) < 5 and time.monotonic() < deadline:
+        got += drain(router, 2, polled=polled)
+    assert got == [[b"d", b"part", str(i).encode()] for i in range(5)]
+    assert drain(router, 2, polled=polled) == []

@@ -35,9 +35,13 @@ _send: Final = zmq.backend.Socket.send
 
 
 class Waiter:
-    def __init__(self) -> None:
+    """``polled``: its sockets are looked at with one ``zmq_poll`` (see :func:`drain`), not a ``getsockopt``
+    each: for an owner whose process has no other thread that competes for the GIL (the daemon)."""
+
+    def __init__(self, *, polled: bool = False) -> None:
         self._epoll = select.epoll()
         self._sockets: list[zmq.Socket[Any]] = []
+        self._items: list[tuple[zmq.Socket[Any], int]] | None = [] if polled else None
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._rfd, False)
         os.set_blocking(self._wfd, False)
@@ -52,6 +56,8 @@ class Waiter:
 
     def add(self, sock: zmq.Socket[Any]) -> None:
         self._sockets.append(sock)
+        if self._items is not None:
+            self._items.append((sock, _POLLIN))
         fd = sock.getsockopt(zmq.FD)
         assert isinstance(fd, int)
         self._epoll.register(fd, select.EPOLLIN)
@@ -73,6 +79,8 @@ class Waiter:
         """Poked, or a socket has input (reading ZMQ_EVENTS also clears a socket FD's signal)."""
         if self._poked:
             return True
+        if self._items is not None:
+            return bool(zmq.zmq_poll(self._items, 0))
         for s in self._sockets:
             if self.readable(s):
                 return True
@@ -220,13 +228,21 @@ class Progress:
             self._event = None
 
 
-def drain(sock: zmq.Socket[Any], limit: int) -> list[list[bytes]]:
+def drain(sock: zmq.Socket[Any], limit: int, *, polled: bool = False) -> list[list[bytes]]:
     """Up to ``limit`` waiting multipart messages, without blocking. ZMQ_EVENTS says when none is left:
     a receive that fails with EAGAIN raises, and pyzmq's exception costs several times the check. Each
     part is read as a frame that says whether more follow (a message arrives whole): not
-    ``recv_multipart``, whose look at ZMQ_RCVMORE per part costs more than the part's own receive."""
+    ``recv_multipart``, whose look at ZMQ_RCVMORE per part costs more than the part's own receive.
+
+    ``polled``: ZMQ_EVENTS read through ``zmq_poll`` (which reads it too), not ``getsockopt``: a third of
+    the instructions, as pyzmq's getsockopt turns the option into an enum member first (half its cost),
+    paid twice per socket by a turn that finds one message. ``zmq_poll`` lets go of the GIL meanwhile:
+    for a process whose other threads do not compete for it (the daemon's I/O loop)."""
     out: list[list[bytes]] = []
-    while len(out) < limit and sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
+    items = [(sock, _POLLIN)] if polled else None
+    while len(out) < limit and (
+        zmq.zmq_poll(items, 0) if items is not None else sock.getsockopt(_EVENTS) & _POLLIN  # type: ignore[operator]
+    ):
         try:
             frame = sock.recv(_NOBLOCK, copy=False)
         except zmq.Again:
