@@ -190,7 +190,10 @@ class AllocationBook:
         return len(alive) < a.max_pilots and (a.max_nodes is None or held_nodes + smallest <= a.max_nodes)
 
     def all_over(self) -> bool:
-        return not any(h.alive for h in self.held.values()) and not self.can_grow()
+        for h in self.held.values():  # (a loop, not any() of a generator: asked at every SUBMIT)
+            if h.alive:
+                return False
+        return not self.can_grow()
 
     def failed_to_start(self, what: str) -> dict[str, Any]:
         """One more allocation that never started; ``autoscale.max_failures`` in a row stop auto-allocation.

@@ -16,7 +16,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import structlog
@@ -488,7 +488,7 @@ class Daemon:
             if m.kind != wire.Kind.REGISTER and not agents.registered(name):
                 agents.ask_to_register(name)  # its body is not even read
                 return
-            msg = cast(AgentMessage, TO_DAEMON_FROM_AGENT[m.kind].from_body(m.body))
+            msg: AgentMessage = TO_DAEMON_FROM_AGENT[m.kind].from_body(m.body)
             if self.restoration is not None and isinstance(msg, Register):
                 amend = self.restoration.amend
                 more = tuple(amend(self.core, r.node.name, r) for r in msg.more)

@@ -222,8 +222,6 @@ class Batch:
         rows from before the requeue lose their placement; their environments, processes and results
         go (its packed orders may stay: unused)."""
         forgot = self._forgot
-        if not forgot:
-            return
         self._updates = [
             (*t[:-2], None, t[-1])
             if (m := forgot.get(t[-1])) is not None and i < m[0] and len(t) not in (_PLAIN_ROW, _ENDED_ROW)
@@ -299,7 +297,8 @@ class Batch:
         )
 
     def write(self, db: sqlite3.Connection) -> None:
-        self._prune()
+        if self._forgot:
+            self._prune()
         if self._requeued:  # first: the new attempt's records below must survive
             db.executemany("DELETE FROM results WHERE job_id = ?", self._requeued)
             db.executemany(
@@ -321,10 +320,13 @@ class Batch:
         # ends as its last row says: then the rows keep the order they came in, each run of one shape
         # in a statement.
         updates = self._updates
-        if len({row[-1] for row in updates}) == len(updates):  # each job once: in any order
-            updates = sorted(updates, key=len)
-        for size, rows in itertools.groupby(updates, len):
-            db.executemany(_UPDATES[size], rows)
+        if len(updates) == 1:  # (a lone job's turn: no shapes to sort out)
+            db.executemany(_UPDATES[len(updates[0])], updates)
+        elif updates:
+            if len({row[-1] for row in updates}) == len(updates):  # each job once: in any order
+                updates = sorted(updates, key=len)
+            for size, rows in itertools.groupby(updates, len):
+                db.executemany(_UPDATES[size], rows)
         if self._alloc:
             db.executemany(
                 "INSERT OR REPLACE INTO allocation VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self._alloc.values()

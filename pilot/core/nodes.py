@@ -262,13 +262,16 @@ class NodeBook:
         """Where a scheduling pass may place: each usable allocation with its usable nodes (a job runs
         inside one allocation). One allocation: everything, as a single-allocation pilot always did."""
         held = self.allocations.held
-        usable = [h for h in held.values() if h.usable]
-        if len(usable) == 1 and len(held) == 1:
+        if len(held) == 1:  # (at every pass: without a list of the usable ones first)
+            (only,) = held.values()
+            if not only.usable:
+                return []
             nodes = self._usable
             if nodes is None:
                 nodes = self._usable = [n for n in self.slots.values() if n.usable]
                 self._tracker = SlotTracker(nodes)
-            return [AllocationSlots(usable[0], nodes, self.resources)]
+            return [AllocationSlots(only, nodes, self.resources)]
+        usable = [h for h in held.values() if h.usable]
         out = []
         for h in usable:
             slots = {n: s for n, s in self.slots.items() if n in h.nodes and s.usable}  # registration order
@@ -280,10 +283,10 @@ class NodeBook:
     def passes(self) -> list[tuple[PilotAllocation, AllocationPass]]:
         """A new scheduling pass over each allocation a job may be placed in."""
         matcher = self.matcher
-        return [
-            (g.held, AllocationPass(nodes=g.nodes, resources=g.resources, matcher=matcher))
-            for g in self.allocation_slots()
-        ]
+        passes = []
+        for g in self.allocation_slots():  # (a loop: a comprehension is one call more, at every pass)
+            passes.append((g.held, AllocationPass(nodes=g.nodes, resources=g.resources, matcher=matcher)))
+        return passes
 
     def never_fits(self, request: Request) -> list[str]:
         """Why the request can never run here (empty: it may), judged once per request category while

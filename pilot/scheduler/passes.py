@@ -26,7 +26,7 @@ class AllocationPass:
         self.resources = resources
         self.matcher = matcher
         self._matching: SchedulingPass | None = None
-        self._behind = BehindPass()
+        self._behind: BehindPass | None = None  # made at the first place_behind (most passes have none)
 
     def place(self, job_id: str, request: Request) -> Placed | None:
         """Take everything the request needs now, or nothing and None."""
@@ -56,7 +56,10 @@ class AllocationPass:
         d = request.description
         if d.pre_launch or d.post_launch:
             return None
-        ranks = place_behind(slots, self.nodes, depth=depth, behind=self._behind)
+        behind = self._behind
+        if behind is None:
+            behind = self._behind = BehindPass()
+        ranks = place_behind(slots, self.nodes, depth=depth, behind=behind)
         return None if ranks is None else (ranks, None)
 
 

@@ -781,7 +781,7 @@ def decode_request(frame: bytes) -> tuple[int, Body | ProtocolError]:
         return rid, ProtocolError(f"bad {m.kind} request: {exc}")
 
 
-TO_DAEMON_FROM_AGENT: Mapping[str, type[Body]] = {
+TO_DAEMON_FROM_AGENT: Mapping[str, type[Register | Heartbeat | TaskEvents | Bye]] = {
     Kind.REGISTER: Register,
     Kind.HEARTBEAT: Heartbeat,
     Kind.TASK_EVENTS: TaskEvents,
