@@ -241,7 +241,10 @@ class ProcessEngine:
             events, self._events = self._events, []
             self._held_since = self._report_since = None
             self._wake_owed = self._urgent = False
-            if not any(e.kind == "started" for e in events):
+            for e in events:  # (a plain loop, no generator: most batches are exits alone)
+                if e.kind == "started":
+                    break
+            else:
                 return events
             out: list[TaskEvent] = []
             for e in events:
