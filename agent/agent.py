@@ -304,12 +304,18 @@ class Agent:
     def _submit(self) -> None:
         if self._orders:
             orders, self._orders = self._orders, []
-            if any(o.role in STAGING_ROLES for o in orders):
-                for o in orders:
-                    if o.role in STAGING_ROLES:
-                        self._stager.submit(o)
-                orders = [o for o in orders if o.role not in STAGING_ROLES]
+            for o in orders:  # (a plain loop: most batches have no staging order, and pay no generator)
+                if o.role in STAGING_ROLES:
+                    orders = self._stage(orders)
+                    break
             self._engine.submit(orders)
+
+    def _stage(self, orders: list[ProcessOrder]) -> list[ProcessOrder]:
+        """Give the staging orders to the stager; the others."""
+        for o in orders:
+            if o.role in STAGING_ROLES:
+                self._stager.submit(o)
+        return [o for o in orders if o.role not in STAGING_ROLES]
 
     # -- what the host of many virtual nodes does for them (agent.hosting) ------------------------
 

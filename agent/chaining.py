@@ -33,7 +33,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from queue import Empty, SimpleQueue
+from queue import SimpleQueue
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 import structlog
@@ -188,6 +188,7 @@ class Chain:
         poller.register(self._wake_fd, select.POLLIN)
         assert self._sock is not None
         poller.register(self._sock.fileno(), select.POLLIN)
+        queue = self.queue
         items: list[Item] = list(self._retry)  # (what the last helper never got goes first)
         self._retry.clear()
         stopping = False
@@ -195,11 +196,8 @@ class Chain:
             self._woken = False  # (before the queue is read: a put after this line writes the eventfd)
             out: list[bytes] = []
             while True:  # until the queue is empty: an order that fails here can free its core for the next
-                while True:
-                    try:
-                        items.append(self.queue.get_nowait())
-                    except Empty:
-                        break
+                while not queue.empty():  # (this thread alone takes from it: no Empty raised per pass)
+                    items.append(queue.get_nowait())
                 if not items:
                     break
                 for item in items:
@@ -337,8 +335,7 @@ class Chain:
         order = sent.prep.order
         signal = functools.partial(self._signal, seq)
         sent.run, event = sent.prep.running(pid, None, real_ns / 1e9, mono_ns / 1e9, signal)
-        self._engine._sent_to_chain(-1)
-        self._engine._started((order.job_id, order.slot), sent.run, event, reaps=True)
+        self._engine._started((order.job_id, order.slot), sent.run, event, reaps=True, chained=True)
 
     def _signal(self, seq: int, sig: int) -> None:
         self.put(Signal(seq, sig))

@@ -31,6 +31,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping
@@ -54,6 +55,8 @@ _LEN: Final = struct.Struct("I")
 _MAX_BODY: Final = 64 << 20  # forkserver.c's MAX_BODY
 _EXIT_WAIT: Final = 2.0  # seconds a closed helper gets to exit
 _ALL_NULL: Final = (subprocess.DEVNULL,) * 3  # the streams of a task that names none
+_FS_ENCODING: Final = sys.getfilesystemencoding()
+_FS_ERRORS: Final = sys.getfilesystemencodeerrors()
 
 # The steps forkserver.c names in a failed reply (its STEP_ constants).
 _STEP_REQUEST: Final = 1
@@ -331,13 +334,13 @@ def request(
         parts += [_LIMIT.pack(res, 0, soft & _UINT64, hard & _UINT64) for res, (soft, hard) in limits]
     # One join and one encoding for all the strings (per string: several times the cost), then the
     # checks posix_spawn makes, on the whole.
-    strings = [path, cwd, *argv, *[f"{k}={v}" for k, v in env.items()]]
+    strings = [path, cwd, *argv, *map("=".join, env.items())]  # (NAME=value with no Python call per item)
     text = "\0".join(strings)
     if text.count("\0") != len(strings) - 1:
         raise ValueError("embedded null byte")
     if "=" in "".join(env):
         raise ValueError("illegal environment variable name")
-    parts.append(os.fsencode(text) + b"\0")
+    parts.append(text.encode(_FS_ENCODING, _FS_ERRORS) + b"\0")  # (os.fsencode, without its Python frame)
     if base is not None:
         parts.append(base[1])
     body = b"".join(parts)

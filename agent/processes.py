@@ -241,7 +241,10 @@ class ProcessEngine:
             events, self._events = self._events, []
             self._held_since = self._report_since = None
             self._wake_owed = self._urgent = False
-            if not any(e.kind == "started" for e in events):
+            for e in events:  # (a plain loop, no generator: most batches are exits alone)
+                if e.kind == "started":
+                    break
+            else:
                 return events
             out: list[TaskEvent] = []
             for e in events:
@@ -412,12 +415,17 @@ class ProcessEngine:
             return False
         return True
 
-    def _started(self, ref: ProcessRef, run: Running, started: TaskEvent, *, reaps: bool) -> bool:
+    def _started(
+        self, ref: ProcessRef, run: Running, started: TaskEvent, *, reaps: bool, chained: bool = False
+    ) -> bool:
         """A process runs for ``ref``: into the table, its ``started`` event queued. True when the spawner
-        that started it waits for it itself (``reaps``, with pidfds); else the reaper does."""
+        that started it waits for it itself (``reaps``, with pidfds); else the reaper does. ``chained``:
+        a chain's helper started it (no longer one of the orders sent to a chain, in the same step)."""
         pid = run.pid
         own = False
         with self._lock:
+            if chained:
+                self._chained -= 1
             self._by_pid[pid] = run
             self._by_ref[ref] = run
             early = self._early.pop(pid, None) if self._early else None

@@ -163,6 +163,7 @@ class Spawners:
         #: One spawner per real cpu that one-cpu orders ran on, pinned to it once: setting the spawning
         #: thread's affinity per order migrates it first (~150 us, the GIL held), for every task.
         self._pinned: dict[int, Lane] = {}
+        self._puts: dict[int, Callable[[Item], None]] = {}  # a declared core -> its lane's put (hand)
         self._nodefiles: dict[tuple[str, ...], str] = {}
         self._nodefiles_lock = threading.Lock()
         self._all_cpus = sorted(os.sched_getaffinity(0))
@@ -201,6 +202,10 @@ class Spawners:
         real cpu, started on first use (chained where its core is a chain core), or the general one."""
         cores = order.cores
         if len(cores) == 1:
+            put = self._puts.get(cores[0])
+            if put is not None and not stopping:
+                put(order)
+                return
             cpu: int | None = self._cpu_map.get(cores[0], cores[0])
         else:
             cpus = {self._cpu_map.get(c, c) for c in cores}
@@ -221,6 +226,8 @@ class Spawners:
                     lane = self._pinned[cpu] = Lane(queue, thread, None)
                 lane.thread.start()
             if lane is not None:
+                if len(cores) == 1:
+                    self._puts[cores[0]] = lane.queue.put if lane.chain is None else lane.chain.put
                 lane.put(order)
                 return
         self._orders.put(order)
