@@ -82,11 +82,12 @@ class Delivery(RequestTable):
         lock wakes it) and runs the callbacks itself: a status reaches them with no thread hand-off on
         its way, and a slow callback still never stalls the socket."""
         name_os_thread()
+        me = threading.current_thread()
         while True:
             with self._reading:
                 if self._stopped:
                     return
-                self._reader = threading.current_thread()
+                self._reader = me
                 try:
                     deliver = self._read()
                 finally:
@@ -98,12 +99,18 @@ class Delivery(RequestTable):
     def _read(self) -> bool:
         """Turns of the reader until there are statuses to deliver and nobody delivering (True, this
         worker is now the one delivering), or the connection is closed (False)."""
+        ready = self._ready
         try:
             while not self._closed:
                 self._turn()
-                self._publish()
-                if self._ready and not self._delivering and self._claim():
-                    return True
+                if self._out:  # (_publish and _claim, written out: once per frame read)
+                    ready.append(self._out)
+                    self._out = []
+                if ready and not self._delivering:
+                    with self._lock:
+                        if ready and not self._delivering:
+                            self._delivering = True
+                            return True
         except BaseException:
             self._stop()
             raise
