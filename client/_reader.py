@@ -360,4 +360,11 @@ def report(raw: Any) -> StatusReport | None:
 
 
 def _reports(raw: list[Any]) -> list[StatusReport]:
-    return [r for e in raw if (r := report(e)) is not None]
+    """The statuses of an EVENTS frame, as :func:`report` checks them (written out: once per frame)."""
+    out = []
+    for e in raw:
+        try:
+            out.append(StatusReport.from_wire(e))
+        except wire.ProtocolError as exc:
+            log.warning("dropped a malformed job status from the pilot", reason=str(exc))
+    return out
