@@ -271,7 +271,8 @@ class Reader(Delivery):
                     except Exception:
                         log.exception("reply hook failed")
                 pending.body = body
-                pending.done.set()
+                if pending.done is not None:
+                    pending.done.set()
         if answered:
             self._last_answer = time.monotonic()
 
