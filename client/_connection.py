@@ -234,8 +234,11 @@ class Connection(Reader):
         more (:meth:`give_up_at`). Raises a transient SubmitException (:class:`RequestTimeout` at the
         timeout; a submit with submit ids is withdrawn first, so that its message is a definite answer)."""
         rid, pending = ticket
+        done = pending.done
+        if done is None:
+            raise ValueError("a request given an on_lost hook is not waited on: its answer goes to its hooks")
         base = time.monotonic() if since is None else since
-        while not pending.done.wait(max(0.0, self.give_up_at(pending, timeout, base) - time.monotonic())):
+        while not done.wait(max(0.0, self.give_up_at(pending, timeout, base) - time.monotonic())):
             if time.monotonic() < self.give_up_at(pending, timeout, base):
                 continue  # the daemon was seen alive meanwhile: wait on
             if pending.kind in WAITS_FOR_A_LIVE_DAEMON and self.rundir is not None and not self._daemon_gone():
@@ -245,7 +248,7 @@ class Connection(Reader):
             # Withdrawn before it is taken out: whether it reaches the pilot after this or never, the pilot
             # does not run it (a submit id never sent costs one line in the run directory).
             if pending.submit_ids is not None and self._abandon(list(pending.submit_ids)) is not None:
-                pending.done.wait(LIVENESS_INTERVAL)  # cannot be recorded now: it waits on, tried again
+                done.wait(LIVENESS_INTERVAL)  # cannot be recorded now: it waits on, tried again
                 continue
             with self._lock:
                 mine = self._pending.pop(rid, None) is not None
@@ -256,7 +259,7 @@ class Connection(Reader):
                         pass
             if mine:
                 raise RequestTimeout(self.timeout_message(pending, timeout), transient=True)
-            pending.done.wait()  # the I/O thread took it meanwhile: its reply (or loss) is being delivered
+            done.wait()  # the I/O thread took it meanwhile: its reply (or loss) is being delivered
             break
         if pending.lost is not None:
             raise SubmitException(pending.lost, transient=True)
@@ -266,7 +269,8 @@ class Connection(Reader):
     @staticmethod
     def answered(ticket: Ticket) -> bool:
         """Whether :meth:`wait` on ``ticket`` would return (or raise) at once."""
-        return ticket[1].done.is_set()
+        done = ticket[1].done
+        return done is None or done.is_set()
 
     def join(self, ticket: Ticket, add: Callable[[], None]) -> bool:
         """Let more jobs join a queued submit: if it has not been handed to a socket yet, call ``add``

@@ -82,41 +82,48 @@ class Delivery(RequestTable):
         lock wakes it) and runs the callbacks itself: a status reaches them with no thread hand-off on
         its way, and a slow callback still never stalls the socket."""
         name_os_thread()
+        me = threading.current_thread()
         while True:
             with self._reading:
                 if self._stopped:
                     return
-                self._reader = threading.current_thread()
+                self._reader = me
                 try:
-                    deliver = self._read()
+                    batch = self._read()
                 finally:
                     self._reader = None
-                if not deliver:
+                if batch is None:
                     return
-            self._deliver()
+            self._deliver(batch)
 
-    def _read(self) -> bool:
-        """Turns of the reader until there are statuses to deliver and nobody delivering (True, this
-        worker is now the one delivering), or the connection is closed (False)."""
+    def _read(self) -> Batch | None:
+        """Turns of the reader until there are statuses to deliver and nobody delivering (this worker is
+        now the one delivering: the first batch to deliver), or the connection is closed (None)."""
+        ready = self._ready
         try:
             while not self._closed:
                 self._turn()
-                self._publish()
-                if self._ready and not self._delivering and self._claim():
-                    return True
+                if self._out:  # (_publish, written out: once per frame read)
+                    ready.append(self._out)
+                    self._out = []
+                if ready and not self._delivering:
+                    batch = self._claim()
+                    if batch is not None:
+                        return batch
         except BaseException:
             self._stop()
             raise
         self._stop()
         return self._claim()  # what the last turns read is still delivered
 
-    def _claim(self) -> bool:
-        """Become the worker delivering, if there is something to deliver and nobody delivers it."""
+    def _claim(self) -> Batch | None:
+        """Become the worker delivering, if there is something to deliver and nobody delivers it: the
+        first batch to deliver (taken with the same lock)."""
         with self._lock:
             if not self._ready or self._delivering:
-                return False
+                return None
             self._delivering = True
-            return True
+            return self._ready.popleft()
 
     def _publish(self) -> None:
         """Hand this turn's statuses to the delivering worker, as one batch."""
@@ -124,21 +131,22 @@ class Delivery(RequestTable):
             self._ready.append(self._out)
             self._out = []
 
-    def _deliver(self) -> None:
-        """Run the sinks of every batch read, in order, until none is left (then another worker may
-        deliver). Statuses read meanwhile by the other worker are queued for this one."""
+    def _deliver(self, batch: Batch) -> None:
+        """Run the sinks of ``batch``, then of every batch read meanwhile, in order, until none is left
+        (then another worker may deliver). Statuses read meanwhile by the other worker are queued for
+        this one."""
         ready = self._ready
         while True:
-            with self._lock:
-                if not ready:
-                    self._delivering = False
-                    return
-                batch = ready.popleft()
             for status, sink in batch:
                 try:
                     sink(status)
                 except Exception:
                     log.exception("status callback failed", job=status.job_id)
+            with self._lock:
+                if not ready:
+                    self._delivering = False
+                    return
+                batch = ready.popleft()
 
     def _route(self, events: list[StatusReport], out: Batch) -> None:
         """Pair each status with its job's sinks now, on the I/O thread: the sinks a job has when its

@@ -29,7 +29,7 @@ import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 from client._connection import Connection
@@ -132,7 +132,10 @@ class Pipeline:
                     if joining.ticket is None:  # held: the next answer hands it over
                         joining.add(description, submit_id, job)
                         return submit_id
-                    if conn.join(joining.ticket, functools.partial(joining.add, description, submit_id, job)):
+                    # (sent already, the common case: no join to ask for)
+                    if not joining.ticket[1].sent and conn.join(
+                        joining.ticket, functools.partial(joining.add, description, submit_id, job)
+                    ):
                         return submit_id
                 request = self._open = _Request()
                 request.add(description, submit_id, job)
@@ -253,7 +256,7 @@ class Pipeline:
             return
         follow: list[tuple[str, StatusSink]] = []
         statuses: list[tuple[StatusReport, StatusSink]] = []
-        again = _Request()
+        again: _Request | None = None  # the jobs refused for want of room, if any
         now = time.time()
         for i, (result, job) in enumerate(zip(results, jobs, strict=True)):
             if isinstance(result, dict) and "id" in result:
@@ -271,6 +274,8 @@ class Pipeline:
                     when = float(t) if isinstance(t, int | float) and not isinstance(t, bool) else now
                     statuses.append((StatusReport(native_id, "QUEUED", when, None, None, None), job))
             elif isinstance(result, dict) and result.get("retry"):  # refused for want of room: nothing was done
+                if again is None:
+                    again = _Request()
                 again.add(request.descriptions[i], request.submit_ids[i], job)
             else:
                 if isinstance(result, dict) and result.get("unleased"):
@@ -281,6 +286,9 @@ class Pipeline:
         conn.subscribe_many(follow)  # before any later frame is read: the jobs' events find their sinks
         for status, sink in statuses:
             conn.emit(status, sink)
+        if again is None:  # every job answered for
+            self._settled(conn, request, len(jobs), answered=request.submit_ids)
+            return
         retrying = set(again.submit_ids)  # a set: a frame of 2,000 refused for want of room is 2,000 lookups
         self._answer_read([sid for sid in request.submit_ids if sid not in retrying])
         retried = 0
@@ -310,11 +318,14 @@ class Pipeline:
         for job in jobs:
             conn.emit(StatusReport(None, "FAILED", now, None, message, None), job)
 
-    def _settled(self, conn: Connection, request: _Request, count: int) -> None:
-        """``count`` jobs of ``request`` are answered for; if it was one of the OUTSTANDING, the requests
-        held meanwhile go now (jobs they cannot be handed over for end FAILED)."""
+    def _settled(self, conn: Connection, request: _Request, count: int, *, answered: Sequence[str] = ()) -> None:
+        """``count`` jobs of ``request`` are answered for (and the answers of those ``answered`` read: see
+        :meth:`_answer_read`); if it was one of the OUTSTANDING, the requests held meanwhile go now (jobs
+        they cannot be handed over for end FAILED)."""
         refused: list[tuple[list[JobSink], str]] = []
         with self._lock:
+            if answered:
+                self._unanswered.difference_update(answered)
             self._count -= count
             if request.counted:
                 request.counted = False

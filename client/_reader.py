@@ -79,6 +79,10 @@ class Reader(Delivery):
         self._link: Link | None = None  # the reader's state from one turn to the next
         self._poller = zmq.Poller()
         self._blocked = False  # the socket refused a send (high-water mark): send again when it can take more
+        #: The reader's last use of the socket read its events and found no frame: a frame that comes
+        #: later signals its FD, so the poll needs no look at the events first. A caller's send, which
+        #: may take that signal, looks itself and wakes the reader (``Connection._send_now``).
+        self._drained = False
         self._retry_at = 0.0
         self._backoff = _RETRY_MIN
         self._check_at = 0.0
@@ -135,6 +139,7 @@ class Reader(Delivery):
             else:
                 try:
                     link = self._link = Link(self._ctx, self.url, self._credentials)
+                    self._drained = False
                 except zmq.ZMQError as exc:
                     log.warning("cannot open a socket to the pilot", url=self.url, error=str(exc))
                     self._backoff = min(self._backoff * 2, _RETRY_MAX)
@@ -155,7 +160,7 @@ class Reader(Delivery):
             wait = link.deadline - now
         else:
             wait = LIVENESS_INTERVAL if self._pending else 1.0
-        if link is not None and self._due(link, blocked=self._blocked):
+        if link is not None and (self._blocked or not self._drained) and self._due(link, blocked=self._blocked):
             wait = 0  # ZeroMQ's FD signals changes only: what is already there must be seen now
         ready = dict(poller.poll(max(0, int(wait * 1000))))
         if self._rfd in ready:
@@ -200,12 +205,14 @@ class Reader(Delivery):
         if self._abandoned and link.up:
             self._tell_abandoned()
         if link.up and (self._outbox or self._live is not link):  # else nothing to send, nor to set
+            self._drained = False
             self._blocked = not self._send(link)
 
     def _due(self, link: Link, *, blocked: bool) -> bool:
         """Whether the socket has a frame to read (or, ``blocked``, room to send) right now."""
         with self._sock_lock:
             events = socket_events(link)
+        self._drained = not events & POLLIN
         return bool(events & POLLIN or (blocked and events & POLLOUT))
 
     def _send(self, link: Link) -> bool:
@@ -226,7 +233,10 @@ class Reader(Delivery):
                 try:
                     frames.append(link.sock.recv(zmq.NOBLOCK))
                 except zmq.Again:
+                    self._drained = False
                     break
+            else:
+                self._drained = True
         if frames and self.rundir is not None:
             self._alive_at = time.monotonic()  # what the daemon sent is a sighting of it too
         statuses = self._out
@@ -261,7 +271,8 @@ class Reader(Delivery):
                     except Exception:
                         log.exception("reply hook failed")
                 pending.body = body
-                pending.done.set()
+                if pending.done is not None:
+                    pending.done.set()
         if answered:
             self._last_answer = time.monotonic()
 
@@ -350,4 +361,11 @@ def report(raw: Any) -> StatusReport | None:
 
 
 def _reports(raw: list[Any]) -> list[StatusReport]:
-    return [r for e in raw if (r := report(e)) is not None]
+    """The statuses of an EVENTS frame, as :func:`report` checks them (written out: once per frame)."""
+    out = []
+    for e in raw:
+        try:
+            out.append(StatusReport.from_wire(e))
+        except wire.ProtocolError as exc:
+            log.warning("dropped a malformed job status from the pilot", reason=str(exc))
+    return out

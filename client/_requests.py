@@ -142,7 +142,9 @@ class Pending:
         #: request is sent again after a lost connection instead of failing (a job it had accepted is not
         #: made twice).
         self.submit_ids = submit_ids
-        self.done = Done()
+        #: Set when it is answered or lost, for its one waiter; a request nobody waits on (``on_lost``)
+        #: has none (a pipelined submit: one lock made and released per job for nothing).
+        self.done: Done | None = Done() if on_lost is None else None
         self.body: dict[str, Any] | None = None
         self.lost: str | None = None  # set instead of body when the request cannot be answered
         self.on_reply = on_reply
@@ -336,7 +338,8 @@ class RequestTable:
     def _lose(p: Pending, message: str) -> None:
         """A request given up (removed from ``_pending`` already): its waiter, or its ``on_lost``, hears why."""
         p.lost = message
-        p.done.set()
+        if p.done is not None:
+            p.done.set()
         if p.on_lost is not None:
             try:
                 p.on_lost(message)

@@ -16,7 +16,8 @@ _SCALARS = (str, int, float, bool, type(None))
 def spec_to_wire(spec: Any) -> dict[str, Any]:
     if spec is None:
         raise InvalidJobException("the job has no JobSpec: set job.spec before submitting")
-    if not spec.executable:
+    executable = spec.executable
+    if not executable:
         raise InvalidJobException("JobSpec.executable is not set: name the program to run")
     env = spec.environment or {}
     if not isinstance(env, dict):
@@ -31,23 +32,30 @@ def spec_to_wire(spec: Any) -> dict[str, Any]:
         seconds = None
     else:
         raise InvalidJobException(f"JobAttributes.duration must be a timedelta, not {type(duration).__name__}")
-    custom = getattr(attrs, "custom_attributes", None) if attrs is not None else None
     # Only what differs from the pilot's defaults (None, empty, inherit the environment): every key
-    # sent is encoded here, decoded and checked by the daemon and journaled with the job.
-    description: dict[str, Any] = {"executable": str(spec.executable)}
+    # sent is encoded here, decoded and checked by the daemon and journaled with the job. (Written out
+    # field by field: this runs for every job submitted.)
+    description: dict[str, Any] = {"executable": str(executable)}
     if spec.arguments:
         description["arguments"] = [str(a) for a in spec.arguments]
-    _put(description, "directory", spec.directory)
-    _put(description, "name", getattr(spec, "name", None))
+    if (value := spec.directory) is not None:
+        description["directory"] = str(value)
+    if (value := getattr(spec, "name", None)) is not None:
+        description["name"] = str(value)
     if not spec.inherit_environment:
         description["inherit_environment"] = False
     if env:
         description["environment"] = {str(k): str(v) for k, v in env.items()}
-    _put(description, "stdin_path", spec.stdin_path)
-    _put(description, "stdout_path", spec.stdout_path)
-    _put(description, "stderr_path", spec.stderr_path)
-    _put(description, "pre_launch", spec.pre_launch)
-    _put(description, "post_launch", spec.post_launch)
+    if (value := spec.stdin_path) is not None:
+        description["stdin_path"] = str(value)
+    if (value := spec.stdout_path) is not None:
+        description["stdout_path"] = str(value)
+    if (value := spec.stderr_path) is not None:
+        description["stderr_path"] = str(value)
+    if (value := spec.pre_launch) is not None:
+        description["pre_launch"] = str(value)
+    if (value := spec.post_launch) is not None:
+        description["post_launch"] = str(value)
     if spec.launcher:
         description["launcher"] = spec.launcher
     if spec.resources is not None:
@@ -55,20 +63,25 @@ def spec_to_wire(spec: Any) -> dict[str, Any]:
     if seconds is not None:
         description["duration"] = seconds
     if attrs is not None:
-        for key, value in (
-            ("queue_name", getattr(attrs, "queue_name", None)),
-            ("project_name", getattr(attrs, "account", None) or getattr(attrs, "project_name", None)),
-            ("reservation_id", getattr(attrs, "reservation_id", None)),
-        ):
-            if value is not None:
-                description[key] = value
-    if custom:
+        _put_attributes(description, attrs)
+    if getattr(spec, "stage_in", None) or getattr(spec, "stage_out", None) or getattr(spec, "cleanup", None):
+        description.update(_staging(spec))
+    description["submit_directory"] = os.getcwd()
+    return description
+
+
+def _put_attributes(description: dict[str, Any], attrs: Any) -> None:
+    """The job attributes other than its duration that are set (duck-typed: psij-python's too)."""
+    if (value := getattr(attrs, "queue_name", None)) is not None:
+        description["queue_name"] = value
+    if (value := getattr(attrs, "account", None) or getattr(attrs, "project_name", None)) is not None:
+        description["project_name"] = value
+    if (value := getattr(attrs, "reservation_id", None)) is not None:
+        description["reservation_id"] = value
+    if custom := getattr(attrs, "custom_attributes", None):
         description["custom_attributes"] = {
             str(k): v if isinstance(v, _SCALARS) else str(v) for k, v in dict(custom).items()
         }
-    description.update(_staging(spec))
-    description["submit_directory"] = os.getcwd()
-    return description
 
 
 def _staging(spec: Any) -> dict[str, Any]:
@@ -125,11 +138,6 @@ def _flag_value(flags: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidJobException(f"staging flags must be StageOutFlags, not {flags!r}")
     return value
-
-
-def _put(description: dict[str, Any], key: str, value: Any) -> None:
-    if value is not None:
-        description[key] = str(value)
 
 
 def _resources(res: Any) -> dict[str, Any] | None:

@@ -106,22 +106,9 @@ class Job:
                 self._waiting -= 1
             return self._status
 
-    def _update(self, status: JobStatus) -> list[JobStatus]:
-        """Apply a status (``_lock`` held); returns the statuses entered, skipped ones synthesised. Never
-        goes back."""
-        skipped = _STEPS[(self._status.state, status.state)]
-        if skipped is None:
-            return []
-        since = self._status.time if self._status.state is not JobState.NEW else None  # (NEW: this clock's)
-        entered = _synthesised(skipped, since, status) if skipped else []
-        entered.append(status)
-        self._status = status
-        if self._waiting and self._cv is not None:
-            self._cv.notify_all()
-        return entered
-
     def _fire(self, entered: list[JobStatus]) -> None:
-        """Run the callbacks; one that raises is logged and does not stop the others (nor ``submit``)."""
+        """Run the callbacks, the job's then its executor's; one that raises is logged and does not stop
+        the others (nor ``submit``)."""
         cb = self._callback
         executor = self.executor
         for status in entered:
@@ -130,9 +117,10 @@ class Job:
                     cb(self, status)
                 except Exception:
                     log.exception("job status callback failed", job=self._native_id, state=str(status.state))
-            if executor is not None:
+            executor_cb = executor._callback if executor is not None else None
+            if executor_cb is not None:
                 try:
-                    executor._notify_callback(self, status)
+                    executor_cb(self, status)
                 except Exception:
                     log.exception("executor status callback failed", job=self._native_id, state=str(status.state))
 
@@ -142,7 +130,17 @@ class Job:
         worker), so one thread at a time fires what is queued and the other leaves its states to it. No
         lock is held while a callback runs (a callback may call ``wait``)."""
         with self._lock:
-            batch = self._update(status)
+            old = self._status
+            skipped = _STEPS[(old.state, status.state)]
+            if skipped is None:  # no advance: a status never goes back
+                batch = []
+            else:  # the states entered, skipped ones synthesised
+                since = old.time if old.state is not JobState.NEW else None  # (NEW: this clock's)
+                batch = _synthesised(skipped, since, status) if skipped else []
+                batch.append(status)
+                self._status = status
+                if self._waiting and self._cv is not None:
+                    self._cv.notify_all()
             if self._to_fire is not None:  # left by a callback that raised: they go first
                 batch, self._to_fire = self._to_fire + batch, None
             if not batch:

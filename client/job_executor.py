@@ -279,11 +279,6 @@ class JobExecutor:
             cb = cb.job_status_changed
         self._callback = cb
 
-    def _notify_callback(self, job: Job, status: JobStatus) -> None:
-        cb = self._callback
-        if cb is not None:
-            cb(job, status)
-
     # -- beyond PSI/J -------------------------------------------------------------------------------
 
     def pilot_status(self) -> dict[str, Any]:
@@ -409,7 +404,10 @@ class _JobSink:
         self.job._native_id = native_id
 
     def __call__(self, report: StatusReport) -> None:
-        _apply(self.job, report)
+        # (_apply's work, written out: this runs for every status of every pipelined job)
+        state = _STATES.get(report.state)
+        if state is not None:
+            self.job._set_status(JobStatus(state, report.time, report.message, report.exit_code, report.metadata))
 
 
 def jrdl_submitter() -> dict[str, str]:
