@@ -195,6 +195,17 @@ class AllocationBook:
                 return False
         return not self.can_grow()
 
+    def why_over(self) -> str:
+        """Why no allocation is left, in the batch system's words: a refusal tells the user at once
+        instead of sending them to 'pilot status'. ("" when none ever ended.)"""
+        if self.stopped:  # (it names the last failure)
+            return f"auto-allocation stopped: {self.stopped}"
+        ended = [h.allocation for h in self.held.values() if not h.alive]
+        if not ended:
+            return ""
+        a = ended[-1]
+        return f"{a.lrm} job {a.native_id}" + (f": {a.message}" if a.message else "")
+
     def failed_to_start(self, what: str) -> dict[str, Any]:
         """One more allocation that never started; ``autoscale.max_failures`` in a row stop auto-allocation.
         Returns the journal's record of the count: it outlives a restart, so a daemon killed between

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import client as psij
 
 
@@ -21,13 +23,24 @@ def test_agents_that_die_at_start_fail_the_jobs_with_their_exit_and_log(start_pi
     pilot = start_pilot(_config(broken))
     ex = pilot.executor()
     job = psij.Job(psij.JobSpec("/bin/true"))
-    ex.submit(job)
-    status = job.wait(timeout=20)
-    assert status is not None and status.state is psij.JobState.FAILED, status
-    msg = status.message or ""
+    # The agents die at once: the job is accepted and then fails, or, when the daemon saw them die
+    # before the submit came, refused. Either way the user gets the agents' exit and log there.
+    try:
+        ex.submit(job)
+    except psij.SubmitException as exc:
+        assert exc.transient and "last allocation has ended" in str(exc), exc
+        msg = str(exc)
+    else:
+        status = job.wait(timeout=20)
+        assert status is not None and status.state is psij.JobState.FAILED, status
+        msg = status.message or ""
     assert "every agent exited" in msg and "exited with 3" in msg and "no such module: agent" in msg, msg
     st = ex.pilot_status()["allocation"]
     assert st["state"] == "failed" and "exited with 3" in st["message"]
+    # Submitted now, it is refused with the same words (no need to go to 'pilot status' for them).
+    with pytest.raises(psij.SubmitException) as refused:
+        ex.submit(psij.Job(psij.JobSpec("/bin/true")))
+    assert "exited with 3" in str(refused.value) and "no such module: agent" in str(refused.value), refused.value
 
 
 def test_agents_that_never_register_are_reported_and_jobs_fail(start_pilot: Any, tmp_path: Path) -> None:

@@ -220,6 +220,7 @@ def test_autoscale_gives_up_on_allocations_that_fail_and_fails_the_waiting_jobs_
     with pytest.raises(psij.SubmitException, match="last allocation has ended") as exc:
         ex.submit(psij.Job(psij.JobSpec("/bin/true")))
     assert exc.value.transient
+    assert "auto-allocation stopped: 2 allocations in a row failed" in str(exc.value), exc.value
     assert "autoscale stopped: 2 allocations in a row failed" in pilot.cli("status").stdout
 
 

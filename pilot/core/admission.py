@@ -43,8 +43,10 @@ class Admission(Part):
             what = "draining ('pilot down --drain')" if self.draining else "stopping"
             return {"error": f"the pilot is {what}; submit to a new one", "transient": True}
         if self.allocations.all_over():
+            why = self.allocations.why_over()
             return {
-                "error": "this pilot's last allocation has ended ('pilot status' says why); start a new pilot",
+                "error": f"this pilot's last allocation has ended ({why or 'pilot status says why'}); "
+                "start a new pilot",
                 "transient": True,
             }
         return None

@@ -31,7 +31,9 @@ def test_allocation_ended_fails_running_and_queued_jobs_with_the_batch_systems_w
     assert step.out.effects == [NodeLost("a1", "n0")]
     assert env.core.book.unfinished() == 0
     (refusal,) = env.core.on_submit(b"c", [true().to_wire()], None)
-    assert refusal["transient"] and "last allocation has ended" in refusal["error"]
+    assert refusal["transient"] and refusal["error"] == (
+        "this pilot's last allocation has ended (local job 1: NODE_FAIL); start a new pilot"
+    )
 
 
 def test_walltime_margin_stops_running_tasks_and_says_why() -> None:
