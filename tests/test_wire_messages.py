@@ -202,6 +202,16 @@ def test_a_launch_frame_from_the_journals_packed_orders_is_the_frame_packed_afre
         assert [o.to_wire() for o in back.orders] == sent
 
 
+def test_a_launch_whose_order_has_a_key_that_is_no_utf8_is_refused_as_a_bad_frame() -> None:
+    """Found by test_fuzz.py: the one-pass decoding let a UnicodeDecodeError out of an agent's receive
+    (a map key of the bytes 0x80...), where every other bad frame is a ProtocolError the agent logs."""
+    good = m.Launch.frame([ProcessOrder("7", 0, "rank", "/bin/true", cores=[0]).to_wire()])
+    bad = good.replace(b"\xa6job_id", b"\xa6\x80ob_id")
+    assert bad != good
+    with pytest.raises(ProtocolError, match="not a msgpack frame: UnicodeDecodeError"):
+        m.decode(bad, m.TO_AGENT)
+
+
 def test_an_order_with_every_field_set_sends_every_field_in_field_order() -> None:
     """to_wire names each optional field by hand: one it forgot would read back as its default."""
     from dataclasses import fields

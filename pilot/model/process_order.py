@@ -257,7 +257,7 @@ def orders_from_packed(data: bytes | memoryview) -> list[ProcessOrder] | None:
     (:meth:`ProcessOrder.from_wire`) accepts them or says what is wrong."""
     try:
         return [_made(w) for w in _PACKED_ORDERS.decode(data)]
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, UnicodeDecodeError):  # (a string that is no UTF-8 raises the latter)
         return None
 
 
