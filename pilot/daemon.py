@@ -23,7 +23,7 @@ import structlog
 import zmq
 
 import pilot
-from pilot import history, job_ids, job_log, lrm, site, views, wire
+from pilot import history, job_log, lrm, site, views, wire
 from pilot.acquisition import Acquisition
 from pilot.allocations import AllocationBook, PilotAllocation, Site
 from pilot.config import Config
@@ -442,29 +442,10 @@ class Daemon:
                 return {"results": [core.on_attach(ident, i) for i in ids]}
             case Release(ids=ids):
                 return {"results": [core.on_release(i) for i in ids]}
-            case Explain(ids=ids):
-                return {"results": [views.explain(core, i) for i in ids]}
-            case Show(ids=ids):
-                return {"results": [views.show(core, i) for i in ids]}
-            case ListJobs(ranges=True):
-                return {"ranges": core.book.ids.ranges()}
-            case ListJobs():  # (a client from before ranges: one string per job)
-                return {"ids": job_ids.expand(core.book.ids.ranges())}
-            case Jobs(states=states, name=name, run=run, since=since, limit=limit, delivered=delivered, latest=latest):
-                return views.jobs(
-                    core,
-                    states=states,
-                    name=name,
-                    run=run,
-                    since=since,
-                    limit=limit,
-                    delivered=delivered,
-                    latest=latest,
-                )
+            case Explain() | Show() | ListJobs() | Jobs() | Nodes():
+                return views.answer(core, msg)
             case Status():
                 return self.status()
-            case Nodes():
-                return {"xml": views.nodes_xml(core)}
             case Shutdown(drain=drain):
                 if drain and not self.allocations.stopping:
                     core.admission.draining = True

@@ -10,6 +10,7 @@ import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
+from pilot import job_ids
 from pilot.allocations import allocation_of_node
 from pilot.core.jobs import History
 from pilot.core.lifecycle import RECLAIM_AFTER
@@ -26,6 +27,32 @@ from pilot.model.sss.psij import to_sss
 from pilot.scheduler.dag import Verdict
 from pilot.scheduler.distribution import why_not
 from pilot.security import redact
+from pilot.wire.messages import Explain, Jobs, ListJobs, Nodes, Show
+
+
+def answer(core: Core, msg: Explain | Show | ListJobs | Jobs | Nodes) -> dict[str, Any]:
+    """The answer to a client's read-only request."""
+    match msg:
+        case Explain(ids=ids):
+            return {"results": [explain(core, i) for i in ids]}
+        case Show(ids=ids):
+            return {"results": [show(core, i) for i in ids]}
+        case ListJobs(ranges=True):
+            return {"ranges": core.book.ids.ranges()}
+        case ListJobs():  # (a client from before ranges: one string per job)
+            return {"ids": job_ids.expand(core.book.ids.ranges())}
+        case Jobs(states=states, name=name, run=run, since=since, limit=limit, delivered=delivered, latest=latest):
+            return jobs(
+                core,
+                states=states,
+                name=name,
+                run=run,
+                since=since,
+                limit=limit,
+                delivered=delivered,
+                latest=latest,
+            )
+    return {"xml": nodes_xml(core)}
 
 
 def jobs(
