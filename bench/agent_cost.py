@@ -18,6 +18,10 @@ turns batch the exits depends on timing, so counts repeat to a few per cent, not
 ``bench.daemon_cost``'s (see its docstring for the method: the difference of two runs' 'I refs')::
 
     PYTHONHASHSEED=0 valgrind --tool=cachegrind --cache-sim=no python -m bench.agent_cost --tasks 3000 --repeat 1
+
+Valgrind (3.19 here) has no ``pidfd_open``: under it the agent takes its fallback path (a helper request
+per task and the reaper's ``wait4``), not the chained helpers it uses natively, and its loop's timed
+holds fire at valgrind's pace; counts taken so describe that path.
 """
 
 from __future__ import annotations
