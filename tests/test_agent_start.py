@@ -47,12 +47,17 @@ def test_agents_that_never_register_are_reported_and_jobs_fail(start_pilot: Any,
     silent = tmp_path / "silent-python"
     silent.write_text("#!/bin/sh\nexec sleep 60\n")
     silent.chmod(0o755)
-    pilot = start_pilot(_config(silent, timeout=2))
+    pilot = start_pilot(_config(silent, timeout=4))
     ex = pilot.executor()
     assert ex.pilot_status()["allocation"]["state"] == "starting"
     job = psij.Job(psij.JobSpec("/bin/true"))
-    ex.submit(job)
-    status = job.wait(timeout=20)
-    assert status is not None and status.state is psij.JobState.FAILED, status
-    assert "2 of 2 agents did not register within 2 s" in (status.message or ""), status.message
-    assert str(pilot.rundir.agents_dir) in (status.message or "")
+    try:  # accepted and then failed; or refused, when the 4 s were over first (a loaded machine)
+        ex.submit(job)
+    except psij.SubmitException as exc:
+        msg = str(exc)
+    else:
+        status = job.wait(timeout=20)
+        assert status is not None and status.state is psij.JobState.FAILED, status
+        msg = status.message or ""
+    assert "2 of 2 agents did not register within 4 s" in msg, msg
+    assert str(pilot.rundir.agents_dir) in msg

@@ -228,7 +228,10 @@ def test_down_drain_lets_accepted_work_finish_and_refuses_new(
     p = start_pilot(CONFIG.format(nodes=1, cores=1))
     ex = p.executor()
     agents_active(ex, 1)
-    running = psij.Job(_spec(f"sleep 2; echo done > {tmp_path}/a", name="running"))
+    # It runs until the test opens its gate: the drain always finds both jobs unfinished, however long the
+    # 'pilot down' command takes to start (a fixed sleep here raced it on a loaded machine).
+    gate = tmp_path / "gate"
+    running = psij.Job(_spec(f"until [ -e {gate} ]; do sleep 0.05; done; echo done > {tmp_path}/a", name="running"))
     queued = psij.Job(_spec(f"echo done > {tmp_path}/b", name="queued"))
     ex.submit(running)
     ex.submit(queued)
@@ -246,6 +249,8 @@ def test_down_drain_lets_accepted_work_finish_and_refuses_new(
     with pytest.raises(psij.SubmitException) as info:
         ex.submit(refused)
     assert info.value.transient and "draining" in str(info.value)
+    assert running.status.state is psij.JobState.ACTIVE and queued.status.state is psij.JobState.QUEUED
+    gate.touch()
     out, err = down.communicate(timeout=60)
     assert down.returncode == 0, err
     assert "2 accepted job(s) to finish" in out, out
