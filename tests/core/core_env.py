@@ -138,7 +138,11 @@ class CoreEnv:
         out = self.core.outbox.take()
         for ident, statuses in out.statuses.items():
             self.sent.setdefault(ident, {}).update(statuses)
-        self.core.book.retire()
+        book = self.core.book
+        book.retire()
+        # The count of unfinished jobs is kept as states change (JobBook.unfinished, asked at every
+        # submit): every step of every core test holds it to the per-state counts it summarises.
+        assert book.unfinished() == sum(n for state, n in book.counts.items() if not state.final), book.counts
         return Step(out, journal)
 
     def restarted(self, path: Path) -> CoreEnv:
