@@ -374,21 +374,11 @@ class SubmittedJobs(builtins.list[Job]):
         self.warnings = []
 
 
-def status_of(report: StatusReport) -> JobStatus:
-    state = _STATES.get(report.state)
-    if state is None:
-        raise ValueError(f"unknown job state {report.state!r}")
-    return JobStatus(
-        state, time=report.time, message=report.message, exit_code=report.exit_code, metadata=report.metadata
-    )
-
-
 def _apply(job: Job, report: StatusReport) -> None:
-    try:
-        status = status_of(report)
-    except ValueError:
-        return
-    job._set_status(status)
+    """A status the pilot reported, to its job (one of a state this client does not know is left out)."""
+    state = _STATES.get(report.state)
+    if state is not None:
+        job._set_status(JobStatus(state, report.time, report.message, report.exit_code, report.metadata))
 
 
 class _JobSink:
@@ -404,10 +394,7 @@ class _JobSink:
         self.job._native_id = native_id
 
     def __call__(self, report: StatusReport) -> None:
-        # (_apply's work, written out: this runs for every status of every pipelined job)
-        state = _STATES.get(report.state)
-        if state is not None:
-            self.job._set_status(JobStatus(state, report.time, report.message, report.exit_code, report.metadata))
+        _apply(self.job, report)
 
 
 def jrdl_submitter() -> dict[str, str]:
