@@ -346,7 +346,9 @@ def iso(t: float) -> str:
 def test_start_time_start_before_and_duration(pilot: Pilot, work: Path) -> None:
     """jobStartTime: not started before it (explain says until when); jobStartBefore: FAILED when the
     pilot is full until after it; jobDuration: the walltime, enforced."""
-    start = time.time() + 4
+    # (10 s ahead: the submit and explain below are CLI processes, each a second or more on a loaded
+    # machine, and explain must run before the start time)
+    start = time.time() + 10
     blocker = f"{path('executable', '/bin/sleep')}{args(s('3'))}{job_type('htc')}{count(3 * 2)}"
     timed = (
         f"{path('executable', f'{work}/record.py')}{args(s(f'{work}/timed'))}<jobStartTime>{iso(start)}</jobStartTime>"
