@@ -60,7 +60,8 @@ def _outcome(frame: bytes, decode: Any) -> str:
     except ProtocolError as exc:
         return f"refused: {exc}"
     if isinstance(read, tuple):
-        return repr(("events", read[0], list(read[1])))
+        assert all(isinstance(s, StatusReport) for s in read[0])
+        return repr(("events", [tuple(s) for s in read[0]], list(read[1])))
     return repr(("reply", read))
 
 
@@ -72,7 +73,7 @@ def test_a_daemons_events_take_the_one_pass_decoding(monkeypatch: pytest.MonkeyP
     _slow_only(monkeypatch)
     statuses, malformed = _events(frame)
     assert statuses == [StatusReport(*_COMPLETED), StatusReport(*queued)] and not malformed  # type: ignore[arg-type]
-    assert all(type(s) is StatusReport for s in statuses)
+    assert all(isinstance(s, StatusReport) for s in statuses)
     assert _outcome(frame, decode_to_client) == want
 
 

@@ -11,9 +11,8 @@ than a Delivered's) -- is unpacked and checked field by field (:func:`pilot.wire
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import msgspec
 
@@ -35,14 +34,21 @@ def _nested(depth: int) -> Any:
 #: Nesting deep enough for a Delivered's ``tasks`` ([group, task, node, cores, gpus, process] each), and a
 #: SUBMIT reply's results.
 _VALUE: Final = _nested(5)
-#: A job status as :meth:`StatusReport.from_wire` takes it: [id, state, time, exit_code, message, metadata].
-_STATUSES: Final = msgspec.msgpack.Decoder(
-    list[tuple[str, str, float, int | None, str | None, dict[str, _VALUE] | None]]  # type: ignore[valid-type]
-)
+
+
+class _Reported(StatusReport):
+    """A StatusReport as msgspec builds it from the wire, in C: its fields of the types
+    :meth:`StatusReport.from_wire` takes (a job id, never None)."""
+
+    __slots__ = ()
+    job_id: str
+    metadata: dict[str, _VALUE] | None  # type: ignore[valid-type]
+
+
+_STATUSES: Final = cast("msgspec.msgpack.Decoder[list[StatusReport]]", msgspec.msgpack.Decoder(list[_Reported]))
 _EVENTS_HEAD: Final = frame_head(Kind.EVENTS, "events")  # then the statuses: the daemon's EVENTS frame
 _EVENTS_AT: Final = len(_EVENTS_HEAD)
 _REPLY: Final = msgspec.msgpack.Decoder(tuple[Literal[1], Literal["reply"], dict[str, _VALUE]])  # type: ignore[valid-type]
-_report: Final = functools.partial(tuple.__new__, StatusReport)  # a StatusReport of a checked tuple, in C
 
 
 #: An EVENTS frame read: its job statuses that pass the check, and what is wrong with each of the others.
@@ -54,7 +60,8 @@ def decode_to_client(frame: bytes) -> Events | dict[str, Any]:
     if len(frame) <= MAX_FRAME_BYTES:
         try:
             if frame.startswith(_EVENTS_HEAD):
-                return list(map(_report, _STATUSES.decode(frame[_EVENTS_AT:]))), ()
+                statuses: list[StatusReport] = _STATUSES.decode(frame[_EVENTS_AT:])
+                return statuses, ()
             body: dict[str, Any] = _REPLY.decode(frame)[2]
             return body
         except (msgspec.MsgspecError, UnicodeDecodeError):  # (a string that is no UTF-8 raises the latter)
