@@ -307,13 +307,26 @@ class Chain:
             buf += data[whole:]
         engine = self._engine
         sent = self._sent
-        for kind, seq, pid, code, step, _, mono_ns, real_ns, utime, stime, maxrss in _REC.iter_unpack(
-            memoryview(data)[:whole]
-        ):
+        records = list(_REC.iter_unpack(memoryview(data)[:whole]))
+        last = len(records) - 1
+        i = -1
+        while i < last:
+            i += 1
+            kind, seq, pid, code, step, _, mono_ns, real_ns, utime, stime, maxrss = records[i]
             if seq not in sent or kind not in _KINDS:
                 log.error("the chained spawn helper wrote a record it owes none", kind=kind, seq=seq)
                 return False  # (it is replaced: what it had fails)
             if kind == _REC_START:
+                after = records[i + 1] if i < last else None
+                if after is not None and after[0] == _REC_EXIT and after[1] == seq and after[2] == pid:
+                    # Its exit is the next record (a short task's, in a batch): both in one step.
+                    prep = sent[seq].prep
+                    if prep.env_file is None:
+                        i += 1
+                        del sent[seq]
+                        rusage = Rusage(after[8] / 1e6, after[9] / 1e6, after[10])
+                        engine._ran(prep.order, pid, real_ns / 1e9, mono_ns / 1e9, after[3], rusage, after[6] / 1e9)
+                        continue
                 self._started(sent[seq], seq, pid, mono_ns, real_ns)
             elif kind == _REC_EXIT:
                 engine._finish(pid, code, Rusage(utime / 1e6, stime / 1e6, maxrss), mono_ns / 1e9)
