@@ -237,7 +237,7 @@ class Chain:
         if self._sock is None:  # the helper is gone (found in this same pass): the next one starts it
             self._retry.append(order)
             return
-        if not engine._taken((order.job_id, order.slot)):
+        if not engine._taken((order.job_id, order.slot), chained=True):
             engine._never_started(order)
             return
         prep = spawners.prepare(order, spawner)
@@ -247,11 +247,10 @@ class Chain:
         except Exception as exc:  # (an _OpenError or a limit refused: the order's; else the agent's)
             spawners.close_files(prep)
             spawners.fail(prep, exc)
-            engine._never_started(order)
+            engine._never_started(order, chained=True)
             return
         self._seq = seq = (self._seq + 1) & 0xFFFFFFFF
         self._sent[seq] = _Sent(prep)
-        engine._sent_to_chain(1)
         head = _MSG.pack(_MSG_REQUEST, len(body), seq, 0)
         fds = forkserver.stream_fds(streams, devnull=self._devnull)
         if fds is None:
@@ -334,14 +333,13 @@ class Chain:
             else:
                 prep = sent.pop(seq).prep
                 order = prep.order
-                engine._sent_to_chain(-1)
                 if kind == _REC_FAILED:
                     self._spawners.fail(prep, SpawnError(code, step))
                 else:  # withdrawn: a kill of an order not started (Cancel), or the agent's stop
                     reason = engine._cancel_reason((order.job_id, order.slot))
                     data_ = {"reason": reason, "spawned": False}
                     engine._emit(TaskEvent(order.job_id, order.slot, "exited", time.time(), data_))
-                engine._never_started(order)
+                engine._never_started(order, chained=True)
         return True
 
     def _started(self, sent: _Sent, seq: int, pid: int, mono_ns: int, real_ns: int) -> None:

@@ -401,12 +401,15 @@ class ProcessEngine:
         else:
             del self._pending_refs[ref]
 
-    def _taken(self, ref: ProcessRef) -> bool:
+    def _taken(self, ref: ProcessRef, *, chained: bool = False) -> bool:
         """A spawner took the order of ``ref`` off its queue: False when it was cancelled meanwhile
-        (reported here)."""
+        (reported here). ``chained``: a chain's thread took it for its helper (it counts as sent to the
+        chain from here on, in the same step: no agent's child will come of it)."""
         with self._lock:
             self._handoffs -= 1
             cancelled = self._cancelled.pop(ref, None) if self._cancelled else None
+            if chained and cancelled is None:
+                self._chained += 1
             wake, self._wake_owed = self._wake_owed, False
         if wake:  # the hand-off that mattered is done (see _report)
             self._notify()
@@ -453,9 +456,12 @@ class ProcessEngine:
                 log.exception("reaping an early exit failed", job=ref[0], slot=ref[1])
         return own
 
-    def _never_started(self, order: ProcessOrder) -> None:
-        """The order failed to start, or was cancelled before: it is no longer pending."""
+    def _never_started(self, order: ProcessOrder, *, chained: bool = False) -> None:
+        """The order failed to start, or was cancelled before: it is no longer pending (``chained``: nor
+        sent to a chain)."""
         with self._lock:
+            if chained:
+                self._chained -= 1
             self._unpend(order)
         self._release(order)
 
