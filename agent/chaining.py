@@ -237,7 +237,7 @@ class Chain:
         if self._sock is None:  # the helper is gone (found in this same pass): the next one starts it
             self._retry.append(order)
             return
-        if not engine._taken((order.job_id, order.slot)):
+        if not engine._taken((order.job_id, order.slot), chained=True):
             engine._never_started(order)
             return
         prep = spawners.prepare(order, spawner)
@@ -247,11 +247,10 @@ class Chain:
         except Exception as exc:  # (an _OpenError or a limit refused: the order's; else the agent's)
             spawners.close_files(prep)
             spawners.fail(prep, exc)
-            engine._never_started(order)
+            engine._never_started(order, chained=True)
             return
         self._seq = seq = (self._seq + 1) & 0xFFFFFFFF
         self._sent[seq] = _Sent(prep)
-        engine._sent_to_chain(1)
         head = _MSG.pack(_MSG_REQUEST, len(body), seq, 0)
         fds = forkserver.stream_fds(streams, devnull=self._devnull)
         if fds is None:
@@ -307,13 +306,26 @@ class Chain:
             buf += data[whole:]
         engine = self._engine
         sent = self._sent
-        for kind, seq, pid, code, step, _, mono_ns, real_ns, utime, stime, maxrss in _REC.iter_unpack(
-            memoryview(data)[:whole]
-        ):
+        records = list(_REC.iter_unpack(memoryview(data)[:whole]))
+        last = len(records) - 1
+        i = -1
+        while i < last:
+            i += 1
+            kind, seq, pid, code, step, _, mono_ns, real_ns, utime, stime, maxrss = records[i]
             if seq not in sent or kind not in _KINDS:
                 log.error("the chained spawn helper wrote a record it owes none", kind=kind, seq=seq)
                 return False  # (it is replaced: what it had fails)
             if kind == _REC_START:
+                after = records[i + 1] if i < last else None
+                if after is not None and after[0] == _REC_EXIT and after[1] == seq and after[2] == pid:
+                    # Its exit is the next record (a short task's, in a batch): both in one step.
+                    prep = sent[seq].prep
+                    if prep.env_file is None:
+                        i += 1
+                        del sent[seq]
+                        rusage = Rusage(after[8] / 1e6, after[9] / 1e6, after[10])
+                        engine._ran(prep.order, pid, real_ns / 1e9, mono_ns / 1e9, after[3], rusage, after[6] / 1e9)
+                        continue
                 self._started(sent[seq], seq, pid, mono_ns, real_ns)
             elif kind == _REC_EXIT:
                 engine._finish(pid, code, Rusage(utime / 1e6, stime / 1e6, maxrss), mono_ns / 1e9)
@@ -321,14 +333,13 @@ class Chain:
             else:
                 prep = sent.pop(seq).prep
                 order = prep.order
-                engine._sent_to_chain(-1)
                 if kind == _REC_FAILED:
                     self._spawners.fail(prep, SpawnError(code, step))
                 else:  # withdrawn: a kill of an order not started (Cancel), or the agent's stop
                     reason = engine._cancel_reason((order.job_id, order.slot))
                     data_ = {"reason": reason, "spawned": False}
                     engine._emit(TaskEvent(order.job_id, order.slot, "exited", time.time(), data_))
-                engine._never_started(order)
+                engine._never_started(order, chained=True)
         return True
 
     def _started(self, sent: _Sent, seq: int, pid: int, mono_ns: int, real_ns: int) -> None:

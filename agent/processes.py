@@ -401,12 +401,15 @@ class ProcessEngine:
         else:
             del self._pending_refs[ref]
 
-    def _taken(self, ref: ProcessRef) -> bool:
+    def _taken(self, ref: ProcessRef, *, chained: bool = False) -> bool:
         """A spawner took the order of ``ref`` off its queue: False when it was cancelled meanwhile
-        (reported here)."""
+        (reported here). ``chained``: a chain's thread took it for its helper (it counts as sent to the
+        chain from here on, in the same step: no agent's child will come of it)."""
         with self._lock:
             self._handoffs -= 1
             cancelled = self._cancelled.pop(ref, None) if self._cancelled else None
+            if chained and cancelled is None:
+                self._chained += 1
             wake, self._wake_owed = self._wake_owed, False
         if wake:  # the hand-off that mattered is done (see _report)
             self._notify()
@@ -453,9 +456,12 @@ class ProcessEngine:
                 log.exception("reaping an early exit failed", job=ref[0], slot=ref[1])
         return own
 
-    def _never_started(self, order: ProcessOrder) -> None:
-        """The order failed to start, or was cancelled before: it is no longer pending."""
+    def _never_started(self, order: ProcessOrder, *, chained: bool = False) -> None:
+        """The order failed to start, or was cancelled before: it is no longer pending (``chained``: nor
+        sent to a chain)."""
         with self._lock:
+            if chained:
+                self._chained -= 1
             self._unpend(order)
         self._release(order)
 
@@ -478,26 +484,15 @@ class ProcessEngine:
                 self._room[order.cores[0]] = AHEAD if mono - run.started_mono < _HOLD_UNDER else 0
             self._free(order)
             ref = (order.job_id, order.slot)
-        code = os.waitstatus_to_exitcode(status)
+        code, event = _exited(order, run.pid, run.started, mono - run.started_mono, status, rusage, run.reason)
         if run.popen is not None:
             run.popen.returncode = code  # reaped here: its Popen must not wait for it again
-        data: dict[str, Any] = {
-            "pid": run.pid,
-            "started": run.started,
-            "exit_code": code if code >= 0 else None,
-            "signal": -code if code < 0 else None,
-            "wall_duration": max(0.0, mono - run.started_mono),
-            "user_cpu_time": rusage.ru_utime,
-            "system_cpu_time": rusage.ru_stime,
-            "max_rss": max(rusage.ru_maxrss * 1024, run.peak_tree_rss),
-            "processors": len(run.order.cores),
-            "reason": run.reason,
-        }
+        data = event.data
+        data["max_rss"] = max(data["max_rss"], run.peak_tree_rss)
         if run.env_file is not None:
             after = environment.take_file(run.env_file)
             if after is not None and run.env is not None:
                 data["environment"], data["unset"] = environment.changes(run.env, after)
-        event = TaskEvent(run.order.job_id, run.order.slot, "exited", run.started + data["wall_duration"], data)
         with self._lock:
             if self._by_ref.get(ref) is run:
                 del self._by_ref[ref]  # in the same step as its exit event: see snapshot()
@@ -516,6 +511,24 @@ class ProcessEngine:
             self._notify()
 
     # -- called from a chain's thread (agent.chaining) --------------------------------------------
+
+    def _ran(
+        self, order: ProcessOrder, pid: int, started: float, mono0: float, status: int, rusage: Any, mono: float
+    ) -> None:
+        """A chain's task whose start and exit came in one read of its helper's records: one locked step
+        for both (what ``_started`` and ``_finish`` do), with no row in the table and no ``started`` event
+        to queue and take back. ``order``: no pre process's (no environment file to read)."""
+        ref = (order.job_id, order.slot)
+        with self._lock:
+            self._chained -= 1
+            self._unpend(order)
+            reason = self._cancelled.pop(ref, None) if self._cancelled else None
+            code, event = _exited(order, pid, started, mono - mono0, status, rusage, reason)
+            self._room[order.cores[0]] = AHEAD if mono - mono0 < _HOLD_UNDER else 0
+            self._free(order)
+            wake = self._defer(event) if -code in _ENDING_SIGNALS and reason is None else self._report(event)
+        if wake:
+            self._notify()
 
     def _sent_to_chain(self, n: int) -> None:
         with self._lock:
@@ -621,6 +634,27 @@ class ProcessEngine:
             self._wake_owed = True
             return False
         return True
+
+
+def _exited(
+    order: ProcessOrder, pid: int, started: float, wall: float, status: int, rusage: Any, reason: str | None
+) -> tuple[int, TaskEvent]:
+    """A task's exit code (negative: the signal) and its ``exited`` event."""
+    code = os.waitstatus_to_exitcode(status)
+    wall = max(0.0, wall)
+    data: dict[str, Any] = {
+        "pid": pid,
+        "started": started,
+        "exit_code": code if code >= 0 else None,
+        "signal": -code if code < 0 else None,
+        "wall_duration": wall,
+        "user_cpu_time": rusage.ru_utime,
+        "system_cpu_time": rusage.ru_stime,
+        "max_rss": rusage.ru_maxrss * 1024,
+        "processors": len(order.cores),
+        "reason": reason,
+    }
+    return code, TaskEvent(order.job_id, order.slot, "exited", started + wall, data)
 
 
 _START_HOLD: Final = 0.005  # seconds a running task's ``started`` event may wait for its exit (drain)

@@ -51,6 +51,7 @@ from pilot import wire
 from pilot.rundir import RunDir
 from pilot.security import Credentials
 from pilot.wire.messages import StatusReport
+from pilot.wire.to_client import decode_to_client
 
 log = structlog.get_logger("client")
 
@@ -243,20 +244,20 @@ class Reader(Delivery):
         answered = False
         for frame in frames:
             try:
-                msg = wire.decode(frame, allowed=wire.TO_CLIENT_KINDS)
+                read = decode_to_client(frame)
             except wire.ProtocolError as exc:
                 log.warning("dropped frame from pilot", reason=str(exc))
                 continue
-            if msg.kind == wire.Kind.EVENTS:
-                events = msg.body.get("events")
-                if isinstance(events, list):
-                    self._route(_reports(events), statuses)
+            if isinstance(read, tuple):  # an EVENTS frame's
+                for reason in read[1]:
+                    log.warning("dropped a malformed job status from the pilot", reason=reason)
+                self._route(read[0], statuses)
                 continue
-            rid = msg.body.get("rid")
+            rid = read.get("rid")
             if not isinstance(rid, int):
                 continue
             group = self._groups.pop(rid, None)
-            answers = [(rid, msg.body)] if group is None else split_group(group, msg.body)
+            answers = [(rid, read)] if group is None else split_group(group, read)
             answered = True
             for member, body in answers:
                 with self._lock:
@@ -358,14 +359,3 @@ def report(raw: Any) -> StatusReport | None:
     except wire.ProtocolError as exc:
         log.warning("dropped a malformed job status from the pilot", reason=str(exc))
         return None
-
-
-def _reports(raw: list[Any]) -> list[StatusReport]:
-    """The statuses of an EVENTS frame, as :func:`report` checks them (written out: once per frame)."""
-    out = []
-    for e in raw:
-        try:
-            out.append(StatusReport.from_wire(e))
-        except wire.ProtocolError as exc:
-            log.warning("dropped a malformed job status from the pilot", reason=str(exc))
-    return out

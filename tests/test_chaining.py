@@ -39,7 +39,7 @@ class _Engine:
             slot=0,
             role="rank",
             executable="/bin/sh",
-            arguments=["-c", script],
+            arguments=["-c", script, job],  # (the job is the script's $0)
             cores=[self.cpu],
             after_cores=after,
             **kwargs,  # type: ignore[arg-type]
@@ -100,18 +100,7 @@ def test_a_burst_runs_each_order_once_in_order_one_at_a_time_from_the_chained_he
         # Each task appends its job and its parent's pid; a task that ran while another did would see
         # the lock taken (mkdir is atomic) and say so.
         script = f'mkdir {tmp_path}/busy || echo overlap >> {log}; echo "$0 $PPID" >> {log}; rmdir {tmp_path}/busy'
-        orders = [
-            ProcessOrder(
-                job_id=f"j{i}",
-                slot=0,
-                role="rank",
-                executable="/bin/sh",
-                arguments=["-c", script, f"j{i}"],
-                cores=[e.cpu],
-                after_cores=i > 0,
-            )
-            for i in range(n)
-        ]
+        orders = [e.order(f"j{i}", script, after=i > 0) for i in range(n)]
         e.engine.submit(orders)
         e.until({o.job_id for o in orders})
         lines = log.read_text().split("\n")[:-1]
@@ -277,5 +266,45 @@ def test_a_death_the_agent_did_not_cause_is_reported_after_a_hold(tmp_path: Path
         wait_for(lambda: not e.engine.running(), timeout=30, what="the crashed task reaped")
         e.until({"crash"}, limit=processes._EXTERNAL_HOLD / 2)
         assert e.ended("crash").data["signal"] == signal.SIGSEGV
+    finally:
+        e.engine.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_start_and_exit_read_together_make_one_exit_event_with_what_both_say(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short task's START and EXIT records in one read are taken in one step (ProcessEngine._ran): its
+    exit event carries what the two would (its pid, start, code, the reason of a kill that came while
+    it was queued), and no started event goes out for it."""
+    folded: list[str] = []
+    ran = ProcessEngine._ran
+
+    def counted(self: ProcessEngine, order: ProcessOrder, *args: object) -> None:
+        folded.append(order.job_id)
+        ran(self, order, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ProcessEngine, "_ran", counted)
+    e = _Engine(tmp_path)
+    e.engine.start()
+    try:
+        e.warm()
+        orders = [e.order(f"j{i}", f"echo $$ > {tmp_path}/$0") for i in range(100)]
+        e.engine.submit(orders)
+        assert e.engine.kill(("j60", 0), reason="cancelled by the user")
+        e.until({o.job_id for o in orders})
+        folded = [job for job in folded if job.startswith("j")]  # (not the warm-up's)
+        assert folded, "no start and exit came in one read"
+        assert not {ev.job_id for ev in e.events if ev.kind == "started"} & set(folded)
+        for job in folded:
+            x = e.ended(job)
+            assert x.kind == "exited" and x.data["exit_code"] == 0 and x.data["signal"] is None, x
+            assert x.data["pid"] == int((tmp_path / job).read_text())
+            assert x.data["processors"] == 1 and x.data["max_rss"] > 0
+            assert x.time == x.data["started"] + x.data["wall_duration"]
+            assert x.data["reason"] == ("cancelled by the user" if job == "j60" else None)
+        killed = e.ended("j60")  # withdrawn from the helper's queue, or run: with the kill's reason
+        assert killed.data["reason"] == "cancelled by the user", killed
+        assert not e.engine.busy()
     finally:
         e.engine.stop()

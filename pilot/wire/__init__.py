@@ -1,6 +1,7 @@
 """The one layer daemon, agents and clients share: the frame codec (:mod:`.codec`, re-exported here, so
-``from pilot import wire`` then ``wire.encode``), the typed messages (:mod:`.messages`), the socket
-loop (:mod:`.transport`), where TCP endpoints bind (:mod:`.addresses`), and CURVE and ZAP (:mod:`.curve`)."""
+``from pilot import wire`` then ``wire.encode``), the typed messages (:mod:`.messages`), what a client
+reads (:mod:`.to_client`), the socket loop (:mod:`.transport`), where TCP endpoints bind
+(:mod:`.addresses`), and CURVE and ZAP (:mod:`.curve`)."""
 
 from pilot.wire.codec import (
     AGENT_KINDS,

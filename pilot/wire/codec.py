@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
+import msgspec
 
 PROTOCOL_VERSION: Final = 1
 #: Largest frame any socket accepts. Also set as ZMQ_MAXMSGSIZE so zmq drops bigger ones unread.
@@ -87,23 +88,32 @@ class Message:
     body: dict[str, Any]
 
 
-_packer = msgpack.Packer(use_bin_type=True)
+def _as_msgpack(obj: Any) -> Any:
+    """What msgspec does not write itself, as msgpack's Packer writes it: timestamps, subclasses of scalars.
+    (A ``msgpack.ExtType`` is a named tuple, which msgspec writes as an array: the protocol has no ext.)"""
+    if isinstance(obj, msgpack.Timestamp):
+        return msgspec.msgpack.Ext(-1, obj.to_bytes())
+    for base in (str, bytes, int, float):
+        if isinstance(obj, base):
+            return base(obj)  # type: ignore[arg-type]
+    raise TypeError(f"can not serialize {type(obj).__name__!r} object")
+
+
+#: Writes every frame and value: the bytes msgpack's ``Packer(use_bin_type=True)`` writes, for half its
+#: instructions (a SUBMIT of one job: 2.7k, not 6.8k).
+_encoder = msgspec.msgpack.Encoder(enc_hook=_as_msgpack)
+_packer = msgpack.Packer(use_bin_type=True)  # the headers of frames put together from parts
 
 
 def encode(kind: str, body: Mapping[str, Any]) -> bytes:
-    frame: bytes = _packer.pack([PROTOCOL_VERSION, kind, body])
-    return frame
+    return _encoder.encode((PROTOCOL_VERSION, kind, body))
 
 
 def frame_head(kind: str, name: str) -> bytes:
     """The first bytes of ``encode(kind, {name: value})``, up to the value: a frame whose one field is
     put together from parts already packed is this, then the value's bytes."""
     head: bytes = (
-        _packer.pack_array_header(3)
-        + _packer.pack(PROTOCOL_VERSION)
-        + _packer.pack(kind)
-        + _packer.pack_map_header(1)
-        + _packer.pack(name)
+        _packer.pack_array_header(3) + pack(PROTOCOL_VERSION) + pack(kind) + _packer.pack_map_header(1) + pack(name)
     )
     return head
 
@@ -115,8 +125,7 @@ def array_header(n: int) -> bytes:
 
 
 def pack(value: Any) -> bytes:
-    packed: bytes = _packer.pack(value)
-    return packed
+    return _encoder.encode(value)
 
 
 def decode(frame: bytes, *, allowed: frozenset[str], max_bytes: int = MAX_FRAME_BYTES) -> Message:
