@@ -26,6 +26,7 @@ import pilot
 from pilot import history, job_log, lrm, site, views, wire
 from pilot.acquisition import Acquisition
 from pilot.allocations import AllocationBook, PilotAllocation, Site
+from pilot.collector import YoungThreshold
 from pilot.config import Config
 from pilot.core.outbox import CancelAllocation, NodeLost
 from pilot.core.reactor import Core
@@ -77,6 +78,14 @@ CHECKPOINT_LOOK = 8  # commits between two looks at the journal's WAL size (in a
 
 class DaemonError(RuntimeError):
     """The daemon cannot start; the message says why and what to do."""
+
+
+def _keep_history(store: Store, rundir: RunDir) -> None:
+    """Before the journal goes (a clean stop): its jobs into the run directory's history."""
+    try:
+        history.keep(views.history_rows(store.job_rows()), rundir.history_file)
+    except (history.HistoryError, JournalError) as exc:
+        log.error("job history not kept", error=str(exc))
 
 
 class Daemon:
@@ -131,6 +140,7 @@ class Daemon:
         #: Submit ids local clients gave up on, read from the run directory before each look at clients.
         self._abandoned = AbandonedSubmits(rundir.abandoned_file)
         self._abandoned_read = False  # this loop turn has read it already
+        self._young = YoungThreshold()  # the collector's young threshold, by the unfinished jobs
 
     @property
     def client_url(self) -> str:
@@ -202,7 +212,7 @@ class Daemon:
         finally:
             if self.store is not None:
                 if clean:
-                    self._keep_history(self.store)
+                    _keep_history(self.store, self.rundir)
                 try:
                     self.store.discard() if clean else self.store.close()
                 except JournalError as exc:
@@ -218,13 +228,6 @@ class Daemon:
                     self.rundir.abandoned_file.unlink(missing_ok=True)
                 os.close(self._lock_fd)
             log.info("pilot stopped")
-
-    def _keep_history(self, store: Store) -> None:
-        """Before the journal goes (a clean stop): its jobs into the run directory's history."""
-        try:
-            history.keep(views.history_rows(store.job_rows()), self.rundir.history_file)
-        except (history.HistoryError, JournalError) as exc:
-            log.error("job history not kept", error=str(exc))
 
     async def _open_journal(self) -> Recovered:
         """Open the journal as ``self.start`` says, never a silent fresh start over an earlier life (see
@@ -428,6 +431,8 @@ class Daemon:
             case Submit(jobs=jobs, submit_ids=submit_ids, again=again):
                 if not self._abandoned_read:
                     self._read_abandoned()
+                if len(jobs) > 1:  # before a burst's jobs are made (a lone job's waits for the tick)
+                    self._young.fit(core.book.unfinished() + len(jobs))
                 results = core.on_submit(ident, jobs, submit_ids, again=again, max_queued=self.parking.limit)
                 return {"results": results}
             case Abandon(submit_ids=submit_ids):
@@ -615,6 +620,7 @@ class Daemon:
             self._clock()
             self._beat(core.clock.mono)  # a pause that ends now is known before the core judges silence
             core.on_tick()
+            self._young.fit(core.book.unfinished())
             self._read_abandoned()  # jobs made under a submit id given up are canceled without a new submit
             guard = self.guard
             if guard is not None:

@@ -243,8 +243,10 @@ class Lifecycle(Part):
                 log.warning("agent gave back an order it could not have held unstarted", node=agent.name, job=job_id)
         elif kind == "exited":
             started = data.get("started")
-            if run.started is None and isinstance(started, int | float) and not isinstance(started, bool):
-                run.started = float(started)  # its start came in the same batch as its exit
+            # (Its start came in the same batch as its exit. Exact types, as msgpack gives them: a bool is
+            # neither, and ``isinstance(x, int | float)`` builds the union anew on every event.)
+            if run.started is None and (type(started) is float or type(started) is int):
+                run.started = float(started)
             if plan.order.role not in STAGING_ROLES:  # Delivered counts the processes' time only
                 run.ended = max(run.ended or 0.0, t)
             code, sig, reason = data.get("exit_code"), data.get("signal"), data.get("reason")
