@@ -34,14 +34,15 @@ def pilot(start_pilot: Any) -> Any:
     return p
 
 
-def logs_when(rd: str, job_id: str, *more: str, want: str) -> subprocess.CompletedProcess[str]:
-    """``pilot logs`` once its stdout holds ``want``: an agent appends what a task's pipe still held a
-    moment after the task's end is reported."""
+def logs_when(rd: str, job_id: str, *more: str, want: str, said: str = "") -> subprocess.CompletedProcess[str]:
+    """``pilot logs`` once its stdout holds ``want`` (and its stderr ``said``): an agent appends what a
+    task's pipe still held a moment after the task's end is reported, and a task's first output reaches
+    the node's stream file a moment before its start reaches the daemon."""
     found: list[subprocess.CompletedProcess[str]] = []
 
     def shows() -> bool:
         found[:] = [cli("logs", "--rundir", rd, job_id, *more)]
-        return want in found[0].stdout
+        return want in found[0].stdout and said in found[0].stderr
 
     wait_for(shows, 20, f"pilot logs {job_id} to show {want!r}")
     return found[0]
@@ -92,7 +93,7 @@ def test_submit_wait_names_signals_and_logs_shows_the_tail_then_after_down_too(p
 
     running = cli("submit", "--rundir", rd, "--", "/bin/sh", "-c", "echo started; exec sleep 30")
     running_id = running.stdout.split()[-1]
-    logs = logs_when(rd, running_id, want="started\n")
+    logs = logs_when(rd, running_id, want="started\n", said=" is ACTIVE")
     assert (
         logs.stderr
         == f"pilot logs: job {running_id} is ACTIVE: it has not ended ('pilot logs {running_id} -f' follows it)\n"
