@@ -57,7 +57,7 @@ def spec_to_wire(spec: Any) -> dict[str, Any]:
     if (value := spec.post_launch) is not None:
         description["post_launch"] = str(value)
     if spec.launcher:
-        description["launcher"] = spec.launcher
+        description["launcher"] = _text(spec.launcher, "JobSpec.launcher")
     if spec.resources is not None:
         description["resources"] = _resources(spec.resources)
     if seconds is not None:
@@ -73,15 +73,25 @@ def spec_to_wire(spec: Any) -> dict[str, Any]:
 def _put_attributes(description: dict[str, Any], attrs: Any) -> None:
     """The job attributes other than its duration that are set (duck-typed: psij-python's too)."""
     if (value := getattr(attrs, "queue_name", None)) is not None:
-        description["queue_name"] = value
+        description["queue_name"] = _text(value, "JobAttributes.queue_name")
     if (value := getattr(attrs, "account", None) or getattr(attrs, "project_name", None)) is not None:
-        description["project_name"] = value
+        description["project_name"] = _text(value, "JobAttributes.project_name")
     if (value := getattr(attrs, "reservation_id", None)) is not None:
-        description["reservation_id"] = value
+        description["reservation_id"] = _text(value, "JobAttributes.reservation_id")
     if custom := getattr(attrs, "custom_attributes", None):
         description["custom_attributes"] = {
             str(k): v if isinstance(v, _SCALARS) else str(v) for k, v in dict(custom).items()
         }
+
+
+def _text(value: Any, what: str) -> str:
+    """A field the pilot takes as text, refused here when it is not (the encoder would write a date, a
+    UUID or an enum as text of its own making)."""
+    if type(value) is str:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)  # (its text, as msgpack wrote a str subclass; not an enum's name)
+    raise InvalidJobException(f"{what} must be a string, not {type(value).__name__}")
 
 
 def _staging(spec: Any) -> dict[str, Any]:

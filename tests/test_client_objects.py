@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 import os
 import threading
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -93,6 +94,36 @@ def test_a_full_spec_sends_every_field() -> None:
         "/tmp/e",
     )
     assert (parsed.pre_launch, parsed.post_launch) == ("/tmp/pre.sh", "/tmp/post.sh")
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("queue_name", datetime(2026, 1, 1)),
+        ("project_name", uuid.UUID(int=1)),
+        ("reservation_id", 7),
+        ("queue_name", {"q"}),
+    ],
+)
+def test_attributes_the_pilot_takes_as_text_are_refused_when_they_are_not(field: str, value: object) -> None:
+    """The encoder would write a date, a UUID or a set as a value of its own making: refused at submit,
+    naming the attribute, instead."""
+    attributes = psij.JobAttributes()
+    setattr(attributes, field, value)
+    spec = psij.JobSpec(executable="/bin/true", attributes=attributes)
+    with pytest.raises(psij.InvalidJobException, match=f"JobAttributes.{field} must be a string, not "):
+        spec_to_wire(spec)
+
+
+@pytest.mark.timeout(10)
+def test_a_str_subclass_attribute_is_sent_as_its_text() -> None:
+    class Queue(str, enum.Enum):  # noqa: UP042 (not StrEnum: its str() is its name, not its text)
+        DEBUG = "debug"
+
+    spec = psij.JobSpec(executable="/bin/true", attributes=psij.JobAttributes(queue_name=Queue.DEBUG))
+    description = spec_to_wire(spec)
+    assert description["queue_name"] == "debug" and type(description["queue_name"]) is str
 
 
 @pytest.mark.timeout(10)
