@@ -25,6 +25,7 @@ import structlog
 import zmq
 
 from agent import probe
+from agent.chaining import held_wakes
 from agent.hosting import Host
 from agent.processes import ProcessEngine
 from agent.simulated import NullEngine
@@ -193,7 +194,7 @@ class Agent:
             name_os_thread("pilot-loop")  # (an anyio worker thread: named for the agent's life in it)
             try:
                 while not halt:
-                    with self._turn_lock:
+                    with held_wakes(), self._turn_lock:
                         until = self._turn()
                         if until is None:
                             return

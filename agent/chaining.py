@@ -32,6 +32,8 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Final, NamedTuple
@@ -67,6 +69,9 @@ _REC_EXIT: Final = 3
 _REC_WITHDRAWN: Final = 4
 _KINDS: Final = frozenset((_REC_START, _REC_FAILED, _REC_EXIT, _REC_WITHDRAWN))
 _READ: Final = _REC.size * 256
+
+#: Chains a thread has put items on, to be woken when that thread says (:func:`held_wakes`).
+_held = threading.local()
 
 
 def enabled() -> bool:
@@ -104,6 +109,21 @@ class _Sent:
 Item = ProcessOrder | Cancel | Signal | None
 
 
+@contextmanager
+def held_wakes() -> Iterator[None]:
+    """The chains this thread hands items to within the block are woken as it ends, not as each item
+    comes: a woken chain thread wants the GIL and the engine's lock at once, and while the thread that
+    woke it still holds them, the two take turns for each (the agent loop's turn; see Agent)."""
+    chains: list[Chain] = []
+    _held.chains = chains
+    try:
+        yield
+    finally:
+        _held.chains = None
+        for chain in chains:
+            chain.wake()
+
+
 class Chain:
     """The spawner of one cpu whose tasks run one at a time (one declared core on it)."""
 
@@ -128,14 +148,22 @@ class Chain:
 
     def put(self, item: Item) -> None:
         """From any thread: hand the chain an order, a cancel or a signal (the chain's own thread reads its
-        queue after each batch of records: no wake-up)."""
+        queue after each batch of records: no wake-up). Within :func:`held_wakes`, the chain is woken when
+        that ends."""
         self.queue.put(item)
         if not self._woken and threading.get_ident() != self._ident:
             self._woken = True
-            try:
-                os.eventfd_write(self._wake_fd, 1)
-            except OSError:
-                pass  # closed: the chain has ended
+            chains: list[Chain] | None = getattr(_held, "chains", None)
+            if chains is None:
+                self.wake()
+            else:
+                chains.append(self)
+
+    def wake(self) -> None:
+        try:
+            os.eventfd_write(self._wake_fd, 1)
+        except OSError:
+            pass  # closed: the chain has ended
 
     # -- the chain's thread -----------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import psutil
 import pytest
 from pilot_waits import wait_for
 
+from agent.chaining import held_wakes
 from agent.processes import ProcessEngine
 from pilot.model.node import NodeConfigured
 from pilot.model.process_order import ProcessOrder
@@ -306,5 +307,31 @@ def test_a_start_and_exit_read_together_make_one_exit_event_with_what_both_say(
         killed = e.ended("j60")  # withdrawn from the helper's queue, or run: with the kill's reason
         assert killed.data["reason"] == "cancelled by the user", killed
         assert not e.engine.busy()
+    finally:
+        e.engine.stop()
+
+
+@pytest.mark.timeout(60)
+def test_orders_handed_within_held_wakes_wait_for_its_end_then_run(tmp_path: Path) -> None:
+    """The agent's loop hands orders to a chain within ``held_wakes()``: the chain's thread is woken as
+    the loop's turn ends, not as each order comes (it would want the GIL and the engine's lock while the
+    loop holds both). Until then the order stays on the chain's queue; then it runs."""
+    e = _Engine(tmp_path)
+    e.engine.start()
+    try:
+        e.warm()  # the chain's thread is running, idle in its poll
+        (lane,) = e.engine._spawners._pinned.values()
+        chain = lane.chain
+        assert chain is not None
+        with held_wakes():
+            e.engine.submit([e.order("held", "exit 0")])
+            time.sleep(0.3)  # a chain woken at once takes an order within a millisecond or two
+            assert chain.queue.qsize() == 1, "the chain was woken before the held wakes ended"
+            assert not [ev for ev in e.engine.drain() if ev.job_id == "held"]
+        (ended,) = [ev for ev in e.until({"held"}) if ev.job_id == "held" and ev.kind == "exited"]
+        assert ended.data["exit_code"] == 0
+        # Outside the block, a hand-off wakes the chain at once, as before.
+        e.engine.submit([e.order("free", "exit 0")])
+        e.until({"free"})
     finally:
         e.engine.stop()
