@@ -19,7 +19,8 @@ agent (its subreaper): its exit status is lost, it is reported failed and killed
 (:mod:`agent.trees`).
 
 Who owns what: the chain's thread owns its helper, its socket and the orders sent to it (``_sent``);
-other threads only put items on its queue (:meth:`Chain.put`), which wakes it through an eventfd.
+other threads only put items on its queue (:meth:`Chain.put`), which wakes it through an eventfd: at
+once, or, for the agent's loop, as the loop's turn ends (:func:`held_wakes`).
 """
 
 from __future__ import annotations
