@@ -25,12 +25,13 @@ import zmq
 import pilot
 from pilot import history, job_log, lrm, site, views, wire
 from pilot.acquisition import Acquisition
+from pilot.agent_delivery import AgentDelivery
 from pilot.allocations import AllocationBook, PilotAllocation, Site
 from pilot.collector import YoungThreshold
 from pilot.config import Config
 from pilot.core.outbox import CancelAllocation, NodeLost
 from pilot.core.reactor import Core
-from pilot.delivery import ClientDelivery, send
+from pilot.delivery import ClientDelivery
 from pilot.earlier_life import Restoration, Start, give_back, open_journal
 from pilot.endpoints import EndpointError, Endpoints
 from pilot.journal_guard import RESERVE_MAX, JournalGuard
@@ -109,6 +110,7 @@ class Daemon:
         self.endpoints = Endpoints(config=config, rundir=rundir)
         self.acquisition = Acquisition(config=config, rundir=rundir, allocations=self.allocations)
         self.delivery = ClientDelivery(self.endpoints.clients)
+        self.agent_delivery = AgentDelivery(self.endpoints.agents, current=self.core.nodes.active_agent)
         self.parking = Parking(
             limit=config.pilot.max_queued,
             unfinished=self.core.book.unfinished,
@@ -555,17 +557,18 @@ class Daemon:
         out = core.outbox.take()
         if self.guard is not None:
             out = self.guard.outgoing(out, written=written)
-        agents = self.endpoints.agents
+        agents = self.agent_delivery
+        agents.retry()  # (what waits for a node's socket goes before anything newer for that node)
         # Agents first: their work starts while the clients' replies are encoded and sent.
         for node, msg in out.to_agents:
-            send(agents, [node.encode(), encode(msg)])
+            agents.send(node, [node.encode(), encode(msg)])
         for node, batch in out.kills.items():
             for reason, refs in batch.items():
-                send(agents, [node.encode(), encode(Kill(tuple((ref[0], ref[1]) for ref in refs), reason))])
+                agents.send(node, [node.encode(), encode(Kill(tuple((ref[0], ref[1]) for ref in refs), reason))])
         for node, refs in out.withdraws.items():
-            send(agents, [node.encode(), encode(Withdraw(tuple((ref[0], ref[1]) for ref in refs)))])
+            agents.send(node, [node.encode(), encode(Withdraw(tuple((ref[0], ref[1]) for ref in refs)))])
         for node, orders in out.orders.items():
-            send(agents, [node.encode(), Launch.frame(orders, self._packed_orders)])
+            agents.send(node, [node.encode(), Launch.frame(orders, self._packed_orders)])
         self._packed_orders = None
         self.delivery.flush(out.replies, out.statuses)
         self._start_effects(out.effects)

@@ -103,6 +103,11 @@ class NodeBook:
             self.resources.ledgers[node.name] = ConsumableLedger.of(capacity)
         return agent
 
+    def active_agent(self, name: str) -> AgentRecord | None:
+        """The agent registered under ``name`` now, if it is active."""
+        agent = self.agents.get(name)
+        return agent if agent is not None and agent.state == "active" else None
+
     def gone(self, agent: AgentRecord, *, state: str) -> None:
         """Its agent was lost or stopped: nothing more is placed on the node."""
         self.invalidate()
