@@ -190,6 +190,11 @@ def test_a_dead_helper_fails_what_it_had_kills_its_orphan_and_a_new_one_takes_th
         behind = [e.order(f"b{i}", f"touch {tmp_path}/ran{i}") for i in range(3)]
         e.engine.submit([long, *behind])
         wait_for(lambda: e.engine.is_running(("long", 0)) and pidfile.exists() and pidfile.read_text().strip())
+        # The three are at the helper (not still on the chain's queue, from where a new helper would
+        # run them: seen under load): the long task's and theirs, four orders sent.
+        (lane,) = e.engine._spawners._pinned.values()
+        assert lane.chain is not None
+        wait_for(lambda: len(lane.chain._sent) == 4, 30, "the three orders behind the long task to reach the helper")
         task = psutil.Process(int(pidfile.read_text()))
         (helper,) = _chain_helpers()
         helper.kill()

@@ -223,7 +223,14 @@ def test_slurm_autoscale_submits_another_pilot_for_waiting_work_and_releases_it_
     jobs = []
     for i in range(2):
         out = tmp_path / f"g{i}.out"
-        job = psij.Job(psij.JobSpec("/bin/sh", ["-c", "echo $SLURM_JOB_ID; sleep 3"], stdout_path=out, resources=whole))
+        # Each holds its whole node until the other has started: they run at once, so on two allocations
+        # (a fixed sleep let the second run on the first's node when the new pilot came late, under load).
+        mine, other = tmp_path / f"started{i}", tmp_path / f"started{1 - i}"
+        script = (
+            f"echo $SLURM_JOB_ID; touch {mine}; "
+            f"for n in $(seq 600); do [ -e {other} ] && exit 0; sleep 0.1; done; exit 1"
+        )
+        job = psij.Job(psij.JobSpec("/bin/sh", ["-c", script], stdout_path=out, resources=whole))
         ex.submit(job)
         jobs.append((job, out))
     for job, _ in jobs:
