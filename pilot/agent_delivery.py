@@ -20,7 +20,7 @@ from typing import Final
 import structlog
 import zmq
 
-from pilot.delivery import send
+from pilot.delivery import send, send_waiting
 
 log = structlog.get_logger("pilot.daemon")
 
@@ -35,23 +35,23 @@ class AgentDelivery:
     def __init__(self, sock: zmq.Socket[bytes], *, current: Callable[[str], object | None]) -> None:
         self.sock = sock
         self._current = current
-        #: node -> (the agent record the frames were written for, [(when first held, frames)]), in order.
-        self._held: dict[str, tuple[object, deque[tuple[float, list[bytes]]]]] = {}
+        #: node -> (the agent record the frames were written for, [(when first held, frame)]), in order.
+        self._held: dict[str, tuple[object, deque[tuple[float, bytes]]]] = {}
 
     @property
     def holding(self) -> int:
         """How many frames wait for their nodes' sockets."""
         return sum(len(frames) for _, frames in self._held.values())
 
-    def send(self, node: str, frames: list[bytes]) -> None:
-        """``frames`` (the first is the node's identity) now, or behind what waits for that node."""
+    def send(self, node: str, frame: bytes) -> None:
+        """``frame`` to ``node`` now, or behind what waits for it."""
         held = self._held.get(node)
         if held is not None:
-            held[1].append((time.monotonic(), frames))
-        elif not send(self.sock, frames):
+            held[1].append((time.monotonic(), frame))
+        elif not send(self.sock, [node.encode(), frame]):
             agent = self._current(node)
             if agent is not None:
-                self._held[node] = (agent, deque([(time.monotonic(), frames)]))
+                self._held[node] = (agent, deque([(time.monotonic(), frame)]))
 
     def retry(self) -> None:
         """What waits, in order per node, until a node's socket refuses again; dropped for a node whose
@@ -65,14 +65,14 @@ class AgentDelivery:
                 log.info("frames for an agent no longer active dropped", node=node, frames=len(waiting))
                 del self._held[node]
                 continue
-            while waiting:
-                since, frames = waiting[0]
-                if now - since > HOLD_SECONDS:
-                    log.warning("frames for a node that never took them dropped", node=node, frames=len(waiting))
-                    waiting.clear()
-                    break
-                if not send(self.sock, frames):
-                    break
-                waiting.popleft()
+            send_waiting(
+                self.sock,
+                node.encode(),
+                waiting,
+                now=now,
+                hold=HOLD_SECONDS,
+                gone_waits=True,
+                dropped="frames for a node that never took them dropped",
+            )
             if not waiting:
                 del self._held[node]

@@ -561,14 +561,14 @@ class Daemon:
         agents.retry()  # (what waits for a node's socket goes before anything newer for that node)
         # Agents first: their work starts while the clients' replies are encoded and sent.
         for node, msg in out.to_agents:
-            agents.send(node, [node.encode(), encode(msg)])
+            agents.send(node, encode(msg))
         for node, batch in out.kills.items():
             for reason, refs in batch.items():
-                agents.send(node, [node.encode(), encode(Kill(tuple((ref[0], ref[1]) for ref in refs), reason))])
+                agents.send(node, encode(Kill(tuple((ref[0], ref[1]) for ref in refs), reason)))
         for node, refs in out.withdraws.items():
-            agents.send(node, [node.encode(), encode(Withdraw(tuple((ref[0], ref[1]) for ref in refs)))])
+            agents.send(node, encode(Withdraw(tuple((ref[0], ref[1]) for ref in refs))))
         for node, orders in out.orders.items():
-            agents.send(node, [node.encode(), Launch.frame(orders, self._packed_orders)])
+            agents.send(node, Launch.frame(orders, self._packed_orders))
         self._packed_orders = None
         self.delivery.flush(out.replies, out.statuses)
         self._start_effects(out.effects)

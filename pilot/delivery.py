@@ -39,6 +39,32 @@ def send(sock: zmq.Socket[bytes], frames: list[bytes]) -> bool | None:
         raise
 
 
+def send_waiting(
+    sock: zmq.Socket[bytes],
+    ident: bytes,
+    waiting: deque[tuple[float, bytes]],
+    *,
+    now: float,
+    hold: float,
+    gone_waits: bool,
+    dropped: str,
+) -> None:
+    """Send the frames that wait for peer ``ident`` (each with when it was first held), in order, until
+    the peer refuses one; those waiting past ``hold`` seconds are dropped, logged as ``dropped``.
+    ``gone_waits``: a peer the ROUTER does not know may still be connecting (an agent's node), so what
+    it refuses waits too; else a peer gone takes its frames with it (a client)."""
+    while waiting:
+        since, frame = waiting[0]
+        if now - since > hold:
+            log.warning(dropped, peer=ident.decode(errors="replace"), frames=len(waiting))
+            waiting.clear()
+            return
+        sent = send(sock, [ident, frame])
+        if sent is False or (sent is None and gone_waits):
+            return
+        waiting.popleft()
+
+
 class ClientDelivery:
     def __init__(self, sock: zmq.Socket[bytes]) -> None:
         self.sock = sock
@@ -66,15 +92,15 @@ class ClientDelivery:
         now = time.monotonic()
         for ident in list(held):
             waiting = held[ident]
-            while waiting:
-                since, frame = waiting[0]
-                if now - since > HOLD_SECONDS:
-                    log.warning("client not reading its replies; dropped them", replies=len(waiting))
-                    waiting.clear()
-                    break
-                if send(self.sock, [ident, frame]) is False:
-                    break
-                waiting.popleft()  # sent, or the client is gone
+            send_waiting(
+                self.sock,
+                ident,
+                waiting,
+                now=now,
+                hold=HOLD_SECONDS,
+                gone_waits=False,
+                dropped="client not reading its replies; dropped them",
+            )
             if not waiting:
                 del held[ident]
         for ident, body in replies:

@@ -75,8 +75,8 @@ def test_frames_for_a_node_not_connected_yet_wait_and_go_in_order_once_it_is(rou
     agents.active["n1"] = record = object()
     delivery = AgentDelivery(sock, current=agents.current)
 
-    delivery.send("n1", [b"n1", b"registered"])  # its socket is not there yet: a bare ROUTER drops this
-    delivery.send("n1", [b"n1", b"launch"])  # behind it, in order
+    delivery.send("n1", b"registered")  # its socket is not there yet: a bare ROUTER drops this
+    delivery.send("n1", b"launch")  # behind it, in order
     assert delivery.holding == 2
     delivery.retry()  # still no socket: they keep waiting
     assert delivery.holding == 2
@@ -88,7 +88,7 @@ def test_frames_for_a_node_not_connected_yet_wait_and_go_in_order_once_it_is(rou
         assert delivery.holding == 0
         assert _frames(dealer) == [b"registered", b"launch"]
         # Connected: a frame goes at once.
-        delivery.send("n1", [b"n1", b"kill"])
+        delivery.send("n1", b"kill")
         assert delivery.holding == 0
         assert _frames(dealer) == [b"kill"]
         assert agents.current("n1") is record
@@ -102,8 +102,8 @@ def test_frames_held_for_an_agent_declared_gone_or_replaced_never_reach_the_next
     agents.active["n1"] = object()
     agents.active["n2"] = object()
     delivery = AgentDelivery(sock, current=agents.current)
-    delivery.send("n1", [b"n1", b"launch for the lost agent"])
-    delivery.send("n2", [b"n2", b"launch for the replaced agent"])
+    delivery.send("n1", b"launch for the lost agent")
+    delivery.send("n2", b"launch for the replaced agent")
     assert delivery.holding == 2
 
     del agents.active["n1"]  # declared lost
@@ -115,7 +115,7 @@ def test_frames_held_for_an_agent_declared_gone_or_replaced_never_reach_the_next
         assert delivery.holding == 0
         assert [_frames(d, wait_ms=300) for d in dealers] == [[], []]
         # A frame for a name no active agent has is not held at all (as before: the ROUTER's answer).
-        delivery.send("n3", [b"n3", b"to nobody"])
+        delivery.send("n3", b"to nobody")
         assert delivery.holding == 0
     finally:
         for d in dealers:
