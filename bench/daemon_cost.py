@@ -54,7 +54,7 @@ def _description() -> dict[str, Any]:
     return spec_to_wire(psij.JobSpec(executable="/bin/true"))
 
 
-def _exit(order: dict[str, Any], now: float) -> TaskEvent:
+def exited(order: dict[str, Any], now: float) -> TaskEvent:
     """The exit event an agent sends for a short task that ran ``order`` (its start carried along)."""
     data = {
         "pid": 4242,
@@ -74,10 +74,10 @@ def _exit(order: dict[str, Any], now: float) -> TaskEvent:
 class Harness:
     """One daemon in this process, with a client and ``nodes`` agents as sockets of this process."""
 
-    def __init__(self, home: Path, *, nodes: int, cores: int) -> None:
+    def __init__(self, home: Path, *, nodes: int, cores: int, pilot: dict[str, Any] | None = None) -> None:
         from pilot.daemon import Daemon
 
-        raw = {"pilot": {}, "allocation": {"lrm": "local", "nodes": nodes, "cores_per_node": cores}}
+        raw = {"pilot": pilot or {}, "allocation": {"lrm": "local", "nodes": nodes, "cores_per_node": cores}}
         cfg = config_mod.parse(raw, source="<bench.daemon_cost>")
         self.daemon = d = Daemon(config=cfg, rundir=RunDir(home / "run"), embedded=True)
         d.rundir.create()
@@ -154,7 +154,7 @@ class Harness:
                 now = time.time()
                 events = []
                 while sock.poll(0):
-                    events += [_exit(o, now) for o in _launch_orders(sock.recv())]
+                    events += [exited(o, now) for o in launch_orders(sock.recv())]
                 if events:
                     self.seq[name] += 1
                     sock.send(encode(TaskEvents(tuple(events), self.seq[name])))
@@ -173,7 +173,7 @@ class Harness:
         self.daemon.endpoints.close()
 
 
-def _launch_orders(frame: bytes) -> list[dict[str, Any]]:
+def launch_orders(frame: bytes) -> list[dict[str, Any]]:
     """The orders of a LAUNCH frame, in their wire form (as an agent reads its frames: checked)."""
     m = wire.decode(frame, allowed=wire.TO_AGENT_KINDS)
     return list(m.body.get("orders", [])) if m.kind == Kind.LAUNCH else []

@@ -16,7 +16,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import structlog
@@ -52,6 +52,7 @@ from pilot.wire.messages import (
     Cancel,
     CancelWhere,
     Explain,
+    Hello,
     Jobs,
     Kill,
     Launch,
@@ -74,6 +75,8 @@ log = structlog.get_logger("pilot.daemon")
 _jobs_log = structlog.get_logger("pilot.jobs")
 
 _DRAIN = 2048  # frames handled per burst before a flush
+#: Requests answered without a change the journal must hold first (``wire.ProtocolError``: a bad one).
+_ANSWERED_AT_ONCE: Final = (wire.ProtocolError, Status, Nodes, Explain, Show, ListJobs, Jobs, Shutdown, Hello)
 CHECKPOINT_LOOK = 8  # commits between two looks at the journal's WAL size (in a worker thread)
 
 
@@ -134,6 +137,10 @@ class Daemon:
         self._checkpointing: anyio.Event | None = None
         self._journal_work = anyio.Lock()
         self._checkpoint_look: float = CHECKPOINT_LOOK  # the commit count at which to look at the WAL next
+        #: Answers to requests that change nothing (the pilot's status, its views, a bad request): sent
+        #: with the next flush even while the journal holds changes it could not write, when the replies
+        #: that say something was done wait with them (:meth:`JournalGuard.outgoing`).
+        self._answers: list[tuple[bytes, dict[str, Any]]] = []
         self._alloc_seen: dict[str, tuple[Any, ...]] = {}
         #: The packed orders of the batch the flush under way commits (its LAUNCH frames reuse them).
         self._packed_orders: Callable[[Mapping[str, Any]], bytes | None] | None = None
@@ -425,7 +432,10 @@ class Daemon:
         else:
             body = self._handle_client(ident, msg)
         body["rid"] = rid
-        self._reply(ident, body)
+        if isinstance(msg, _ANSWERED_AT_ONCE):
+            self._answers.append((ident, body))
+        else:
+            self._reply(ident, body)
 
     def _handle_client(self, ident: bytes, msg: Body) -> dict[str, Any]:
         core = self.core
@@ -570,7 +580,11 @@ class Daemon:
         for node, orders in out.orders.items():
             agents.send(node, Launch.frame(orders, self._packed_orders))
         self._packed_orders = None
-        self.delivery.flush(out.replies, out.statuses)
+        replies = out.replies
+        if self._answers:  # (never held by the guard: they say nothing the journal must hold first)
+            replies = [*replies, *self._answers]
+            self._answers = []
+        self.delivery.flush(replies, out.statuses)
         self._start_effects(out.effects)
         job_log.log_ended(_jobs_log, core.book.take_ended())  # after the sends: off their path
         if core.admission.draining and not self._stop.is_set() and not core.book.unfinished():

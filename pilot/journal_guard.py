@@ -11,7 +11,8 @@ When a commit fails (a full file system, a quota, an I/O error), the daemon goes
   reserve left.
 - When a write fails even so, the changes stay in memory: the core goes on adding to the same journal
   batch, and nothing that batch holds leaves the daemon -- process orders, withdrawals, job statuses and
-  the replies of the burst that could not be written are held with it, the agents' events are not
+  the replies of the burst that could not be written are held with it (answers to requests that change
+  nothing -- the pilot's status, its views -- are not: the daemon sends them apart), the agents' events are not
   acknowledged (each agent keeps them, and a daemon killed now gets them again with their REGISTER),
   no new job is placed. Nothing new is accepted or placed, so what is held is bounded by the work the
   pilot holds (a few rows per job and process, at most ``pilot.max_queued`` jobs). The write is tried

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,12 @@ from conftest import Pilot
 from pilot_waits import agents_active, list_when_back, wait_for
 
 import client as psij
+from bench.daemon_cost import Harness, exited, launch_orders
+from client._requests import SubmitIds
+from client._translate import spec_to_wire
+from pilot import wire
 from pilot.store import JOURNAL_FILE
+from pilot.wire.messages import Status, Submit, TaskEvents, encode
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -194,3 +200,56 @@ def test_full_file_system_refuses_new_jobs_and_loses_nothing(
         ex2.attach(follow, native_id)
         _ends(follow)
         assert (marks / name).read_text() == ("start\nend\n" if name in again else "run\n"), name
+
+
+def test_a_read_only_answer_is_not_held_with_a_burst_that_cannot_be_written(small_fs: Path) -> None:
+    """A status request read in the very turn whose journal write fails first is answered at once: only
+    what says a change was made waits for the journal (here the jobs' final statuses and the next
+    order). A real daemon in this process (bench.daemon_cost's), its journal on the full tmpfs, fed over
+    inproc sockets turn by turn, so the request and the unwritable exits are in one burst every time."""
+    h = Harness(small_fs, nodes=1, cores=2, pilot={"journal_checkpoint_mib": 1, "backlog": 0})
+    d, client, agent = h.daemon, h.client, h.agents["local-0"]
+    try:
+        description = spec_to_wire(psij.JobSpec(executable="/bin/true"))
+        ids = SubmitIds()
+
+        def submit(n: int, rid: int) -> dict[str, Any]:
+            client.send(encode(Submit(rid, [description] * n, list(ids.take(n)))))
+            d.turn()
+            return _reply(client, rid)
+
+        assert all(r.get("error") is None for r in submit(2, 1)["results"])
+        orders = launch_orders(agent.recv())
+        assert len(orders) == 2
+        assert d.store is not None
+        d.store.checkpoint()  # the WAL emptied: the next commits must grow it
+        _fill(small_fs / "filler-1")
+        third = submit(1, 2)["results"]  # written in the reserve's room; from now on new jobs are refused
+        assert d.guard is not None and d.guard.trouble is not None and not d.guard.held, third
+        _fill(small_fs / "filler-2")
+
+        # One burst: both exits (their write fails) and a status request.
+        ended = time.time()
+        agent.send(encode(TaskEvents(tuple(exited(o, ended) for o in orders), 1)))
+        client.send(encode(Status(3)))
+        d.turn()
+        assert d.guard.held, "the exits were written: the file system was not full"
+        states: list[str] = []
+        answer = _reply(client, 3, states=states)
+        assert "COMPLETED" not in states, "a final status left while the journal held it"
+        assert answer["pilot"]["journal"]["writable"] is False, answer
+        assert not agent.poll(0) or not launch_orders(agent.recv()), "an order left while the journal held its start"
+    finally:
+        h.close()
+
+
+def _reply(sock: Any, rid: int, *, timeout_ms: int = 2000, states: list[str] | None = None) -> dict[str, Any]:
+    """The body of the reply to request ``rid``; the job states of the statuses before it go to ``states``."""
+    while sock.poll(timeout_ms):
+        m = wire.decode(sock.recv(), allowed=wire.TO_CLIENT_KINDS)
+        if m.kind == wire.Kind.EVENTS and states is not None:
+            states.extend(str(e[1]) for e in m.body["events"])
+        elif m.kind == wire.Kind.REPLY and m.body.get("rid") == rid:
+            body: dict[str, Any] = m.body
+            return body
+    raise AssertionError(f"no reply to request {rid} within {timeout_ms} ms")
