@@ -75,8 +75,30 @@ log = structlog.get_logger("pilot.daemon")
 _jobs_log = structlog.get_logger("pilot.jobs")
 
 _DRAIN = 2048  # frames handled per burst before a flush
-#: Requests answered without a change the journal must hold first (``wire.ProtocolError``: a bad one).
-_ANSWERED_AT_ONCE: Final = (wire.ProtocolError, Status, Nodes, Explain, Show, ListJobs, Jobs, Shutdown, Hello)
+#: Requests answered without a change the journal must hold first (``wire.ProtocolError``: a bad one). An
+#: attach subscribes the client to statuses, which wait for the journal as every status does.
+_ANSWERED_AT_ONCE: Final = (
+    wire.ProtocolError,
+    Status,
+    Nodes,
+    Explain,
+    Show,
+    ListJobs,
+    Jobs,
+    Attach,
+    Shutdown,
+    Hello,
+)
+
+
+def _refused(body: dict[str, Any]) -> bool:
+    """A reply that says nothing was done: an error, or an error for each job it names."""
+    if "error" in body:
+        return True
+    results = body.get("results")
+    return isinstance(results, list) and all("error" in r for r in results)
+
+
 CHECKPOINT_LOOK = 8  # commits between two looks at the journal's WAL size (in a worker thread)
 
 
@@ -118,7 +140,7 @@ class Daemon:
             limit=config.pilot.max_queued,
             unfinished=self.core.book.unfinished,
             serve=self._serve_client,
-            reply=self._reply,
+            reply=self._answer,  # (refusals: they change nothing)
         )
         self.started = time.time()
         self.resumed = False
@@ -420,6 +442,9 @@ class Daemon:
     def _reply(self, ident: bytes, body: dict[str, Any]) -> None:
         self.core.outbox.replies.append((ident, body))
 
+    def _answer(self, ident: bytes, body: dict[str, Any]) -> None:
+        self._answers.append((ident, body))
+
     def _serve_client(self, ident: bytes, payload: bytes) -> None:
         try:
             rid, msg = decode_request(payload)
@@ -432,8 +457,8 @@ class Daemon:
         else:
             body = self._handle_client(ident, msg)
         body["rid"] = rid
-        if isinstance(msg, _ANSWERED_AT_ONCE):
-            self._answers.append((ident, body))
+        if isinstance(msg, _ANSWERED_AT_ONCE) or _refused(body):
+            self._answer(ident, body)
         else:
             self._reply(ident, body)
 
@@ -569,17 +594,18 @@ class Daemon:
             out = self.guard.outgoing(out, written=written)
         agents = self.agent_delivery
         agents.retry()  # (what waits for a node's socket goes before anything newer for that node)
-        # Agents first: their work starts while the clients' replies are encoded and sent.
+        # Agents first: their work starts while the clients' replies are encoded and sent. Orders before
+        # kills: a kill may be of an order in this flush (one the journal's guard held: JournalGuard).
         for node, msg in out.to_agents:
             agents.send(node, encode(msg))
+        for node, orders in out.orders.items():
+            agents.send(node, Launch.frame(orders, self._packed_orders))
+        self._packed_orders = None
         for node, batch in out.kills.items():
             for reason, refs in batch.items():
                 agents.send(node, encode(Kill(tuple((ref[0], ref[1]) for ref in refs), reason)))
         for node, refs in out.withdraws.items():
             agents.send(node, encode(Withdraw(tuple((ref[0], ref[1]) for ref in refs))))
-        for node, orders in out.orders.items():
-            agents.send(node, Launch.frame(orders, self._packed_orders))
-        self._packed_orders = None
         replies = out.replies
         if self._answers:  # (never held by the guard: they say nothing the journal must hold first)
             replies = [*replies, *self._answers]

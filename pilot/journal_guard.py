@@ -11,12 +11,13 @@ When a commit fails (a full file system, a quota, an I/O error), the daemon goes
   reserve left.
 - When a write fails even so, the changes stay in memory: the core goes on adding to the same journal
   batch, and nothing that batch holds leaves the daemon -- process orders, withdrawals, job statuses and
-  the replies of the burst that could not be written are held with it (answers to requests that change
-  nothing -- the pilot's status, its views -- are not: the daemon sends them apart), the agents' events are not
+  every reply that says something was done (a job accepted, a cancel taken) are held with it, and a kill
+  of a process whose order is held waits to go right after that order; the agents' events are not
   acknowledged (each agent keeps them, and a daemon killed now gets them again with their REGISTER),
-  no new job is placed. Nothing new is accepted or placed, so what is held is bounded by the work the
-  pilot holds (a few rows per job and process, at most ``pilot.max_queued`` jobs). The write is tried
-  again every second.
+  no new job is placed. What changes nothing is answered at once: the pilot's status and views, an
+  attach, a refusal (the daemon sends those apart). Nothing new is accepted or placed, so what is held
+  is bounded by the work the pilot holds (a few rows per job and process, at most ``pilot.max_queued``
+  jobs). The write is tried again every second.
 - Once the batch is written, what was held goes out; once the file system has room for the reserve
   again, the reserve is made again and new jobs are taken.
 
@@ -36,6 +37,7 @@ import errno
 import math
 import os
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Final
 
@@ -177,25 +179,24 @@ class JournalGuard:
 
     def outgoing(self, out: Outbox, *, written: bool) -> Outbox:
         """What of a flush's ``out`` may leave now. While the journal holds changes it could not write,
-        orders, withdrawals and statuses wait with them (the newest status per job), as do the replies of
-        the burst whose write failed first (they may say a job was accepted); later replies go (new jobs
-        are refused by then). Kills, the batch systems' calls and the agents' messages go, the latter
-        acknowledging nothing. Once written, all that waited goes first."""
+        what says they were made waits with them: orders, withdrawals, statuses (the newest per job) and
+        the replies (the daemon sends its answers that change nothing apart). Kills, the batch systems'
+        calls and the agents' messages go, the latter acknowledging nothing -- but a kill of a process
+        whose order is held waits too, to go right after it. Once written, all that waited goes first."""
         held = self._out
         if written or self.stopping:
             if held is None:
                 return out
             self._out = None
             _join(held, out)
-            held.replies.extend(out.replies)
-            held.kills, held.to_agents, held.effects = out.kills, out.to_agents, out.effects
+            held.to_agents, held.effects = out.to_agents, out.effects
             return held
         to_agents = [(node, _acknowledging_nothing(msg)) for node, msg in out.to_agents]
         if held is None:
-            self._out = Outbox(orders=out.orders, withdraws=out.withdraws, statuses=out.statuses, replies=out.replies)
-            return Outbox(kills=out.kills, to_agents=to_agents, effects=out.effects)
+            held = self._out = Outbox()
+        kills = _kills_of_held(held, out)
         _join(held, out)
-        return Outbox(kills=out.kills, to_agents=to_agents, replies=out.replies, effects=out.effects)
+        return Outbox(kills=kills, to_agents=to_agents, effects=out.effects)
 
     # -- snapshots -----------------------------------------------------------------------------------------
 
@@ -246,12 +247,33 @@ class JournalGuard:
 
 
 def _join(held: Outbox, out: Outbox) -> None:
+    """Add ``out``'s orders, withdrawals, statuses, replies and kills to those ``held``, after them."""
     for node, orders in out.orders.items():
         held.orders[node].extend(orders)
     for node, keys in out.withdraws.items():
         held.withdraws[node].extend(keys)
     for ident, statuses in out.statuses.items():
         held.statuses[ident].update(statuses)
+    held.replies.extend(out.replies)
+    for node, by_reason in out.kills.items():
+        for reason, refs in by_reason.items():
+            held.kills[node][reason].extend(refs)
+
+
+def _kills_of_held(held: Outbox, out: Outbox) -> defaultdict[str, defaultdict[str, list[list[Any]]]]:
+    """Takes out of ``out.kills`` those of processes whose orders are held (in ``held`` or in ``out``): an
+    agent that got such a kill before the order would start the process after it. Returns the others."""
+    if not out.kills:
+        return out.kills
+    go: defaultdict[str, defaultdict[str, list[list[Any]]]] = defaultdict(lambda: defaultdict(list))
+    wait: defaultdict[str, defaultdict[str, list[list[Any]]]] = defaultdict(lambda: defaultdict(list))
+    for node, by_reason in out.kills.items():
+        orders = {(o["job_id"], o["slot"]) for o in (*held.orders.get(node, ()), *out.orders.get(node, ()))}
+        for reason, refs in by_reason.items():
+            for ref in refs:
+                (wait if (ref[0], ref[1]) in orders else go)[node][reason].append(ref)
+    out.kills = wait
+    return go
 
 
 def _acknowledging_nothing(msg: Body) -> Body:

@@ -25,8 +25,9 @@ from bench.daemon_cost import Harness, exited, launch_orders
 from client._requests import SubmitIds
 from client._translate import spec_to_wire
 from pilot import wire
+from pilot.journal_guard import RETRY
 from pilot.store import JOURNAL_FILE
-from pilot.wire.messages import Status, Submit, TaskEvents, encode
+from pilot.wire.messages import Cancel, Status, Submit, TaskEvents, encode
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -238,7 +239,27 @@ def test_a_read_only_answer_is_not_held_with_a_burst_that_cannot_be_written(smal
         answer = _reply(client, 3, states=states)
         assert "COMPLETED" not in states, "a final status left while the journal held it"
         assert answer["pilot"]["journal"]["writable"] is False, answer
-        assert not agent.poll(0) or not launch_orders(agent.recv()), "an order left while the journal held its start"
+        assert not agent.poll(0), "an order left while the journal held its start"
+
+        # While held: a refusal changes nothing and is answered at once; a cancel is answered once the
+        # journal holds it. The canceled job's order, held, is not lost: it goes, and its kill after it.
+        client.send(encode(Submit(4, [description], list(ids.take(1)))))
+        client.send(encode(Cancel(5, ("3",))))
+        d.turn()
+        assert "error" in _reply(client, 4)["results"][0]
+        assert not client.poll(300), "the cancel was answered while the journal could not hold it"
+        assert not agent.poll(0), "a kill went ahead of the order it kills"
+        for filler in small_fs.glob("filler-*"):
+            filler.unlink()
+        time.sleep(RETRY)
+        d.turn()
+        assert not d.guard.held
+        states.clear()
+        assert _reply(client, 5, states=states)["results"] == [{"id": "3"}]
+        to_agent = [wire.decode(agent.recv(), allowed=wire.TO_AGENT_KINDS) for _ in range(2)]
+        assert [m.kind for m in to_agent] == [wire.Kind.LAUNCH, wire.Kind.KILL], to_agent
+        assert [o["job_id"] for o in to_agent[0].body["orders"]] == ["3"]
+        assert to_agent[1].body["processes"] == [["3", 0]]
     finally:
         h.close()
 
