@@ -574,7 +574,9 @@ def test_delivered_cpu_wall_and_rate(start_pilot, tmp_path: Path) -> None:
     assert md["processors"] == 2
     expected = (md["user_cpu_time"] + md["system_cpu_time"]) / (md["wall_duration"] * 2)
     assert md["consumption_rate"] == pytest.approx(expected, rel=1e-6)
-    assert 0.1 < md["consumption_rate"] <= 1.0, md
+    # (its value is pinned by the line above; the task's share of its 2 cpus falls with the machine's load:
+    # 0.09 in a run of the suite beside a busy pilot, so the bound below is what the checks above imply)
+    assert 0.5 / (20 * 2) <= md["consumption_rate"] <= 1.0, md
     assert md["nodes"] == ["local-0"]
     assert md["exit_code"] == 0 and md["signal"] is None
     assert st.exit_code == 0
