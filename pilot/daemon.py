@@ -159,10 +159,10 @@ class Daemon:
         self._checkpointing: anyio.Event | None = None
         self._journal_work = anyio.Lock()
         self._checkpoint_look: float = CHECKPOINT_LOOK  # the commit count at which to look at the WAL next
-        #: Answers to requests that change nothing (the pilot's status, its views, a bad request): sent
-        #: with the next flush even while the journal holds changes it could not write, when the replies
-        #: that say something was done wait with them (:meth:`JournalGuard.outgoing`).
-        self._answers: list[tuple[bytes, dict[str, Any]]] = []
+        #: Of this turn's replies, those that change nothing (the pilot's status, its views, a refusal):
+        #: sent with the flush, in their place among the others, even when the journal could not be
+        #: written and the others wait for it (:meth:`JournalGuard.outgoing`).
+        self._answers: list[dict[str, Any]] = []
         self._alloc_seen: dict[str, tuple[Any, ...]] = {}
         #: The packed orders of the batch the flush under way commits (its LAUNCH frames reuse them).
         self._packed_orders: Callable[[Mapping[str, Any]], bytes | None] | None = None
@@ -443,7 +443,8 @@ class Daemon:
         self.core.outbox.replies.append((ident, body))
 
     def _answer(self, ident: bytes, body: dict[str, Any]) -> None:
-        self._answers.append((ident, body))
+        self.core.outbox.replies.append((ident, body))
+        self._answers.append(body)
 
     def _serve_client(self, ident: bytes, payload: bytes) -> None:
         try:
@@ -590,6 +591,13 @@ class Daemon:
             core.step()
         written = self._commit()
         out = core.outbox.take()
+        answers: list[tuple[bytes, dict[str, Any]]] = []
+        if self._answers:
+            if not written:  # they go now; the replies that say something was done wait with the journal
+                apart = {id(body) for body in self._answers}
+                answers = [r for r in out.replies if id(r[1]) in apart]
+                out.replies = [r for r in out.replies if id(r[1]) not in apart]
+            self._answers = []
         if self.guard is not None:
             out = self.guard.outgoing(out, written=written)
         agents = self.agent_delivery
@@ -606,11 +614,7 @@ class Daemon:
                 agents.send(node, encode(Kill(tuple((ref[0], ref[1]) for ref in refs), reason)))
         for node, refs in out.withdraws.items():
             agents.send(node, encode(Withdraw(tuple((ref[0], ref[1]) for ref in refs))))
-        replies = out.replies
-        if self._answers:  # (never held by the guard: they say nothing the journal must hold first)
-            replies = [*replies, *self._answers]
-            self._answers = []
-        self.delivery.flush(replies, out.statuses)
+        self.delivery.flush([*out.replies, *answers] if answers else out.replies, out.statuses)
         self._start_effects(out.effects)
         job_log.log_ended(_jobs_log, core.book.take_ended())  # after the sends: off their path
         if core.admission.draining and not self._stop.is_set() and not core.book.unfinished():
