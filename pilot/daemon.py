@@ -75,28 +75,23 @@ log = structlog.get_logger("pilot.daemon")
 _jobs_log = structlog.get_logger("pilot.jobs")
 
 _DRAIN = 2048  # frames handled per burst before a flush
-#: Requests answered without a change the journal must hold first (``wire.ProtocolError``: a bad one). An
-#: attach subscribes the client to statuses, which wait for the journal as every status does.
-_ANSWERED_AT_ONCE: Final = (
-    wire.ProtocolError,
-    Status,
-    Nodes,
-    Explain,
-    Show,
-    ListJobs,
-    Jobs,
-    Attach,
-    Shutdown,
-    Hello,
-)
+#: Requests answered without a change the journal must hold first. An attach subscribes the client to
+#: statuses, which wait for the journal as every status does.
+_ANSWERED_AT_ONCE: Final = frozenset({Status, Nodes, Explain, Show, ListJobs, Jobs, Attach, Shutdown, Hello})
 
 
 def _refused(body: dict[str, Any]) -> bool:
-    """A reply that says nothing was done: an error, or an error for each job it names."""
+    """A reply that says nothing was done: an error (a bad request's too), or an error for each job it
+    names. (A loop, not all() over a generator: this runs for every client frame.)"""
     if "error" in body:
         return True
     results = body.get("results")
-    return isinstance(results, list) and all("error" in r for r in results)
+    if type(results) is not list:
+        return False
+    for result in results:
+        if "error" not in result:
+            return False
+    return True
 
 
 CHECKPOINT_LOOK = 8  # commits between two looks at the journal's WAL size (in a worker thread)
@@ -458,7 +453,7 @@ class Daemon:
         else:
             body = self._handle_client(ident, msg)
         body["rid"] = rid
-        if isinstance(msg, _ANSWERED_AT_ONCE) or _refused(body):
+        if type(msg) in _ANSWERED_AT_ONCE or _refused(body):
             self._answer(ident, body)
         else:
             self._reply(ident, body)
