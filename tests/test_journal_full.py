@@ -260,8 +260,13 @@ def test_a_read_only_answer_is_not_held_with_a_burst_that_cannot_be_written(smal
         time.sleep(RETRY)
         d.turn()
         assert not d.guard.held
-        states.clear()
-        assert _reply(client, 5, states=states)["results"] == [{"id": "3"}]
+        assert _reply(client, 5)["results"] == [{"id": "3"}]
+        released = []  # the statuses held with the journal follow the replies of the flush that wrote it
+        while client.poll(0):
+            m = wire.decode(client.recv(), allowed=wire.TO_CLIENT_KINDS)
+            if m.kind == wire.Kind.EVENTS:
+                released += [(e[0], str(e[1])) for e in m.body["events"]]
+        assert {("1", "COMPLETED"), ("2", "COMPLETED")} <= set(released), released
         to_agent = [wire.decode(agent.recv(), allowed=wire.TO_AGENT_KINDS) for _ in range(2)]
         assert [m.kind for m in to_agent] == [wire.Kind.LAUNCH, wire.Kind.KILL], to_agent
         assert [o["job_id"] for o in to_agent[0].body["orders"]] == ["3"]
